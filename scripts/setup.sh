@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Sets up everything the guide needs, idempotently: Debian packages (when root), the
+# virtual environment, the pinned Python packages, guide_utils (editable) and Horovod 0.28.1
+# built with PyTorch + TensorFlow + Gloo + MPI. Re-running it when nothing changed takes
+# seconds: each step checks before it acts.
+#
+#   scripts/setup.sh              # what `make book` and `make test` run first
+#   VENV=/path/to/venv scripts/setup.sh
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+VENV=${VENV:-$repo/.venv}
+PYTHON=${PYTHON:-python3.11}
+HOROVOD_VERSION=0.28.1
+# Debian packages: OpenMPI (mpirun + mpicc/headers for Horovod's MPI controller), CMake
+# < 4 (Horovod's bundled gloo declares an old cmake_minimum_required), a C++ compiler,
+# later issues add shellcheck, Slurm and munge here.
+APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+# --- Debian packages ---------------------------------------------------------------
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        say "installing Debian packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        say "missing Debian packages (tests that need them will skip). Install them with:"
+        say "  sudo apt-get install -y ${missing[*]}"
+    fi
+fi
+
+# --- virtual environment -----------------------------------------------------------
+if [[ ! -x "$VENV/bin/python" ]]; then
+    command -v "$PYTHON" >/dev/null || die "$PYTHON not found; set PYTHON=/path/to/python3.11"
+    say "creating $VENV with $PYTHON"
+    "$PYTHON" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+# --- pinned packages (re-installed only when requirements.txt changes) --------------
+stamp="$VENV/.requirements.sha256"
+want=$(sha256sum requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
+    say "installing pinned packages from requirements.txt (first time: ~2 min)"
+    "${pip[@]}" install -q --upgrade "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
+    "${pip[@]}" install -q -r requirements.txt
+    "${pip[@]}" install -q --no-deps -e .
+    echo "$want" >"$stamp"
+fi
+
+# --- Horovod 0.28.1 --------------------------------------------------------------------
+# Horovod's last release predates current PyTorch: built from source with the fixes in
+# scripts/horovod/ (C++ standard, CMake version, CUDA toolkit location).
+want_frameworks=(PyTorch TensorFlow Gloo)
+with_mpi=0
+if command -v mpicc >/dev/null; then with_mpi=1; want_frameworks+=(MPI); fi
+
+horovod_ok() {
+    local out
+    out=$(TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>/dev/null) || return 1
+    grep -q "Horovod v$HOROVOD_VERSION" <<<"$out" || return 1
+    for fw in "${want_frameworks[@]}"; do
+        grep -Eq "\[X\] $fw\$" <<<"$out" || return 1
+    done
+}
+
+if horovod_ok; then
+    say "Horovod $HOROVOD_VERSION already built with ${want_frameworks[*]}"
+else
+    say "building Horovod $HOROVOD_VERSION with ${want_frameworks[*]} (~7 min on 2 cores)"
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    build_env=(
+        HOROVOD_CMAKE="$repo/scripts/horovod/cmake-wrapper.sh"
+        GUIDE_REAL_CMAKE="$(command -v cmake || echo /usr/bin/cmake)"
+        CMAKE_POLICY_VERSION_MINIMUM=3.5
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+        HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)"
+    )
+    if ((with_mpi)); then build_env+=(HOROVOD_WITH_MPI=1); else build_env+=(HOROVOD_WITHOUT_MPI=1); fi
+    # PyTorch wheels built for CUDA make Horovod's CMake look for a CUDA toolkit even when
+    # no GPU operations are built. The toolkit pip installed beside torch has what it needs;
+    # point CMake at it through a small directory of links.
+    cu=$(find "$site/nvidia" -maxdepth 1 -name 'cu[0-9]*' -type d 2>/dev/null | sort | tail -n 1)
+    if [[ -n "$cu" && -f "$cu/include/cuda_runtime_api.h" ]]; then
+        shim="$VENV/cuda-toolkit-shim"
+        mkdir -p "$shim/lib64"
+        ln -sfn "$cu/include" "$shim/include"
+        cudart=$(find "$cu/lib" -name 'libcudart.so*' | sort | head -n 1)
+        ln -sfn "$cudart" "$shim/lib64/libcudart.so"
+        build_env+=(CUDAToolkit_ROOT="$shim" CUDA_HOME="$shim")
+    fi
+    log="$VENV/horovod-build.log"
+    if ! env "${build_env[@]}" "${pip[@]}" install --no-build-isolation --no-cache-dir -v \
+        "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        die "Horovod build failed; full log: $log"
+    fi
+    horovod_ok || { "$VENV/bin/horovodrun" --check-build >&2 || true; die "Horovod built but lacks one of: ${want_frameworks[*]}"; }
+    say "Horovod $HOROVOD_VERSION built; log: $log"
+fi
+
+# The Jupyter kernel the notebooks name ("python3") must be this venv's Python.
+if [[ ! -f "$VENV/share/jupyter/kernels/python3/kernel.json" ]]; then
+    "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+fi
+say "ready: $VENV"

@@ -1,0 +1,156 @@
+"""One interface over the three ways this guide runs PyTorch: alone, Horovod, or DDP.
+
+Training code asks a :class:`Dist` for its rank and world size, hands it the model and the
+optimizer to prepare, and averages metrics through it; it never branches on the backend.
+Who launched the processes (horovodrun, mpirun, srun, torchrun) is read from the
+environment, so the same command line works under each launcher.
+
+>>> dist = init("none")
+>>> (dist.rank, dist.size, dist.is_root)
+(0, 1, True)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cli import GuideError
+from .slurm import SlurmJob
+
+KINDS = ("none", "horovod", "ddp")
+
+# Variables by which each launcher announces a multi-process job. Used to catch
+# "--dist horovod" started as a plain `python ...`, which would silently train alone.
+_HOROVOD_LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+@dataclass
+class Dist:
+    """The distributed context of this process."""
+
+    kind: str
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: Any = None
+    _hvd: Any = field(default=None, repr=False)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def prepare(self, model, optimizer, *, fp16_allreduce: bool = False):
+        """Make every rank start from rank 0's weights and average gradients.
+
+        Returns ``(model, optimizer)``; the model may be wrapped (DDP).
+        """
+        if self.kind == "horovod":
+            hvd = self._hvd
+            compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                 compression=compression)
+            # Without these two broadcasts each rank would start from its own random init
+            # (and its own momentum buffers when resuming) and drift apart.
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        elif self.kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.local_rank] if self.device is not None and self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's weights
+        return model, optimizer
+
+    def allreduce_mean(self, tensor, name: str = "metric"):
+        """The mean of ``tensor`` over all ranks (a new tensor; the input is not modified)."""
+        if self.kind == "horovod":
+            return self._hvd.allreduce(tensor, average=True, name=name)
+        if self.kind == "ddp":
+            import torch.distributed as tdist
+
+            out = tensor.clone()
+            tdist.all_reduce(out, op=tdist.ReduceOp.SUM)
+            return out / self.size
+        return tensor.clone()
+
+    def allgather_object(self, obj):
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if self.kind == "horovod":
+            return self._hvd.allgather_object(obj)
+        if self.kind == "ddp":
+            import torch.distributed as tdist
+
+            out = [None] * self.size
+            tdist.all_gather_object(out, obj)
+            return out
+        return [obj]
+
+    def barrier(self) -> None:
+        if self.kind == "horovod":
+            self._hvd.barrier()
+        elif self.kind == "ddp":
+            import torch.distributed as tdist
+
+            tdist.barrier()
+
+    def shutdown(self) -> None:
+        if self.kind == "horovod":
+            self._hvd.shutdown()
+        elif self.kind == "ddp":
+            import torch.distributed as tdist
+
+            if tdist.is_initialized():
+                tdist.destroy_process_group()
+
+
+def _pick_device(local_rank: int):
+    import torch
+
+    if torch.cuda.is_available():
+        # One process per GPU: without this every rank on a node would allocate on GPU 0.
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _init_horovod() -> Dist:
+    if not any(v in os.environ for v in _HOROVOD_LAUNCHER_VARS):
+        raise GuideError("--dist horovod needs a launcher: start it with horovodrun -np N, mpirun -np N "
+                         "or srun (or use --dist none for one process)")
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise GuideError(f"Horovod for PyTorch does not import ({exc}); run scripts/setup.sh") from None
+    hvd.init()
+    local_rank = hvd.local_rank()
+    return Dist("horovod", hvd.rank(), hvd.size(), local_rank, _pick_device(local_rank), hvd)
+
+
+def _init_ddp() -> Dist:
+    import torch.distributed as tdist
+
+    env = os.environ
+    if "RANK" not in env:
+        # Started by srun without torchrun: derive the rendezvous from the Slurm job.
+        job = SlurmJob.from_env()
+        if job is None or job.procid is None:
+            raise GuideError("--dist ddp needs a launcher: start it with torchrun --nproc-per-node N "
+                             "or srun inside a Slurm job (or use --dist none for one process)")
+        os.environ.update({k: v for k, v in job.torch_distributed_env().items() if k not in env})
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = _pick_device(local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    tdist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, device)
+
+
+def init(kind: str = "none") -> Dist:
+    """Start the distributed runtime named ``kind`` (one of ``KINDS``) for this process."""
+    if kind == "horovod":
+        return _init_horovod()
+    if kind == "ddp":
+        return _init_ddp()
+    if kind == "none":
+        return Dist("none", device=_pick_device(0))
+    raise ValueError(f"dist must be one of {', '.join(KINDS)}, got {kind!r}")

@@ -1,0 +1,276 @@
+"""``python -m guide_utils doctor``: the first thing to run on a new machine or in a new job.
+
+It reports the software stack (Python, PyTorch, torchvision, TensorFlow, Horovod and what
+Horovod was built with), the MPI on the PATH, the GPUs, and, inside a Slurm job, the job's
+shape; then it warns about each misconfiguration it can see. It exits non-zero only when
+the stack cannot train at all (PyTorch or Horovod missing or broken, Horovod without any
+controller), and says why.
+
+The work is split so each part can be tested on its own: :func:`gather` reads the facts,
+:func:`diagnose` turns facts into warnings and problems (a pure function), and
+:func:`render` prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from .cli import ArgumentParser
+from .slurm import SlurmJob
+
+# The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
+DEFAULT_LOADER_WORKERS = 4
+EXPECTED = {"horovod": "0.28.1", "tensorflow": "2.15"}
+
+# Each framework is probed in its own interpreter: a broken extension can crash the process
+# that loads it, and the doctor must still report everything else.
+_PROBES = {
+    "torch": """
+import json, torch, torchvision
+gpus = []
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        gpus.append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
+print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
+                  "torch_cuda": torch.version.cuda, "gpus": gpus,
+                  "resnet50": sum(p.numel() for p in torchvision.models.resnet50().parameters())}))
+""",
+    "tensorflow": """
+import json, os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf, keras
+try:
+    import horovod.tensorflow  # loads Horovod's TensorFlow ops
+    with_tf = True
+except Exception:
+    with_tf = False
+print(json.dumps({"tensorflow": tf.__version__, "keras": keras.__version__, "horovod_tensorflow": with_tf}))
+""",
+    # Horovod's build flags, read through its PyTorch binding (the one this guide needs).
+    "horovod": """
+import json, horovod
+import horovod.torch as hvd
+print(json.dumps({
+    "horovod": horovod.__version__,
+    "frameworks": {"PyTorch": True},
+    "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())},
+    "operations": {"NCCL": bool(hvd.nccl_built()), "DDL": bool(hvd.ddl_built()),
+                   "CCL": bool(hvd.ccl_built()), "MPI": bool(hvd.mpi_built()),
+                   "Gloo": bool(hvd.gloo_built())},
+}))
+""",
+}
+
+
+@dataclass
+class Facts:
+    """Everything the doctor looked at. Missing pieces are ``None`` with an ``errors`` entry."""
+
+    python: str = platform.python_version()
+    host: str = platform.node()
+    torch: dict[str, Any] | None = None
+    tensorflow: dict[str, Any] | None = None
+    horovod: dict[str, Any] | None = None
+    mpi: str | None = None
+    slurm: SlurmJob | None = None
+    loader_workers: int = DEFAULT_LOADER_WORKERS
+    omp_num_threads: str | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        return (self.torch or {}).get("gpus", [])
+
+
+@dataclass
+class Diagnosis:
+    warnings: list[str]
+    problems: list[str]
+
+    @property
+    def usable(self) -> bool:
+        return not self.problems
+
+
+def _run_probes(timeout: float = 300) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
+    """Run every probe in its own interpreter, concurrently; ``name -> (result, error)``."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)
+             for name, code in _PROBES.items()}
+    results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
+    for name, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            results[name] = (None, f"importing {name} took over {timeout:.0f} s")
+            continue
+        if proc.returncode != 0:
+            lines = [line for line in err.strip().splitlines() if line.strip()]
+            results[name] = (None, lines[-1] if lines else f"exit status {proc.returncode}")
+        else:
+            results[name] = (json.loads(out.strip().splitlines()[-1]), None)
+    return results
+
+
+def _mpi_version() -> str | None:
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        return None
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return f"{mpirun} (did not answer --version)"
+    first = (out.stdout or out.stderr).strip().splitlines()
+    return f"{first[0].strip()} ({mpirun})" if first else mpirun
+
+
+def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_LOADER_WORKERS) -> Facts:
+    """Read the facts about this machine, its stack and its Slurm job (if any)."""
+    env = os.environ if env is None else env
+    facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"))
+    for name, (result, error) in _run_probes().items():
+        setattr(facts, name, result)
+        if error:
+            facts.errors[name] = error
+    if facts.horovod is not None:
+        # Horovod's TensorFlow ops were loaded by the TensorFlow probe.
+        facts.horovod["frameworks"]["TensorFlow"] = bool((facts.tensorflow or {}).get("horovod_tensorflow"))
+    facts.mpi = _mpi_version()
+    try:
+        facts.slurm = SlurmJob.from_env(env)
+    except ValueError as exc:
+        facts.errors["slurm"] = str(exc)
+    return facts
+
+
+def diagnose(facts: Facts) -> Diagnosis:
+    """Warnings for what will hurt; problems for what makes training impossible."""
+    warnings: list[str] = []
+    problems: list[str] = []
+    hvd = facts.horovod
+
+    if facts.torch is None:
+        problems.append(f"PyTorch/torchvision do not import ({facts.errors.get('torch', 'unknown error')}); "
+                        "run scripts/setup.sh or load your site's PyTorch module")
+    if hvd is None:
+        problems.append(f"Horovod does not import ({facts.errors.get('horovod', 'unknown error')}); "
+                        "run scripts/setup.sh to build it")
+    else:
+        if not any(hvd["controllers"].values()):
+            problems.append("Horovod was built with neither MPI nor Gloo, so no job can start; "
+                            "rebuild with HOROVOD_WITH_GLOO=1 (and HOROVOD_WITH_MPI=1)")
+        if not hvd["frameworks"].get("PyTorch"):
+            problems.append("Horovod was built without PyTorch support; rebuild it after installing torch "
+                            "(HOROVOD_WITH_PYTORCH=1)")
+        if not hvd["frameworks"].get("TensorFlow"):
+            warnings.append("Horovod was built without TensorFlow: the TensorFlow chapters will not run")
+        if hvd["horovod"] != EXPECTED["horovod"]:
+            warnings.append(f"Horovod {hvd['horovod']} is not the {EXPECTED['horovod']} this guide is tested with")
+    if facts.tensorflow is None:
+        warnings.append(f"TensorFlow does not import ({facts.errors.get('tensorflow', 'unknown error')}): "
+                        "the TensorFlow chapters will not run")
+    elif not facts.tensorflow["tensorflow"].startswith(EXPECTED["tensorflow"]):
+        warnings.append(f"TensorFlow {facts.tensorflow['tensorflow']} is not {EXPECTED['tensorflow']}: Horovod "
+                        "0.28.1 does not build against 2.16+ (Keras 3)")
+
+    if facts.gpus:
+        if hvd is not None and not hvd["operations"].get("NCCL"):
+            warnings.append(f"{len(facts.gpus)} GPU(s) visible but Horovod was built without NCCL: gradients "
+                            "will be averaged through host memory; rebuild with HOROVOD_GPU_OPERATIONS=NCCL")
+        if facts.torch and not facts.torch.get("torch_cuda"):
+            warnings.append("GPUs visible but this PyTorch is a CPU-only build")
+
+    job = facts.slurm
+    if "slurm" in facts.errors:
+        warnings.append(f"the Slurm environment could not be read: {facts.errors['slurm']}")
+    if job is not None:
+        per_node = set(job.tasks_per_node)
+        if job.gpus_per_node and per_node and per_node != {job.gpus_per_node}:
+            warnings.append(f"tasks per node ({','.join(map(str, sorted(per_node)))}) differ from GPUs per node "
+                            f"({job.gpus_per_node}): use one task per GPU (--ntasks-per-node={job.gpus_per_node})")
+        if job.cpus_per_task is not None and facts.loader_workers > job.cpus_per_task:
+            warnings.append(f"{facts.loader_workers} DataLoader workers per task but only {job.cpus_per_task} "
+                            f"CPU(s) per task: ask for --cpus-per-task={facts.loader_workers + 1} "
+                            f"or use --loader-workers {max(job.cpus_per_task - 1, 0)}")
+        if job.cpus_per_task is None and max(per_node or {1}) > 1:
+            warnings.append("several tasks per node without --cpus-per-task: every task may start one "
+                            "thread per core and oversubscribe the node")
+        if max(per_node or {1}) > 1 and not facts.omp_num_threads:
+            warnings.append("OMP_NUM_THREADS is unset with several tasks per node: set it to the CPUs per task")
+    return Diagnosis(warnings=warnings, problems=problems)
+
+
+def _mark(flags: Mapping[str, bool]) -> str:
+    return "  ".join(f"[{'X' if on else ' '}] {name}" for name, on in flags.items())
+
+
+def render(facts: Facts, diagnosis: Diagnosis) -> str:
+    """The report a person reads; one ``name: value`` line per fact."""
+    rows: list[tuple[str, str]] = [("host", facts.host), ("python", facts.python)]
+    t = facts.torch
+    rows += [("torch", f"{t['torch']} (CUDA {t['torch_cuda'] or 'none'})" if t else "not usable"),
+             ("torchvision", t["torchvision"] if t else "not usable")]
+    tf = facts.tensorflow
+    rows.append(("tensorflow", f"{tf['tensorflow']} (Keras {tf['keras']})" if tf else "not usable"))
+    h = facts.horovod
+    if h:
+        rows += [("horovod", h["horovod"]),
+                 ("  frameworks", _mark(h["frameworks"])),
+                 ("  controllers", _mark(h["controllers"])),
+                 ("  tensor operations", _mark(h["operations"]))]
+    else:
+        rows.append(("horovod", "not usable"))
+    rows.append(("mpi", facts.mpi or "none on PATH"))
+    gpus = facts.gpus
+    rows.append(("gpus", f"{len(gpus)} x {gpus[0]['name']} ({gpus[0]['memory_gib']} GiB)" if gpus else "none"))
+    job = facts.slurm
+    if job is None:
+        rows.append(("slurm job", "none (not inside a Slurm allocation)"))
+    else:
+        rows += [("slurm job", str(job.job_id)),
+                 ("  nodes", f"{job.num_nodes}: {','.join(job.nodes)}"),
+                 ("  tasks", str(job.ntasks)),
+                 ("  tasks per node", ",".join(map(str, job.tasks_per_node)) or "unknown"),
+                 ("  cpus per task", str(job.cpus_per_task) if job.cpus_per_task is not None else "unset"),
+                 ("  gpus per node", str(job.gpus_per_node) if job.gpus_per_node is not None else "none requested"),
+                 ("  rendezvous", "%s:%d" % job.rendezvous() if job.nodes else "unknown")]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
+    lines += [f"WARNING: {w}" for w in diagnosis.warnings]
+    lines += [f"PROBLEM: {p}" for p in diagnosis.problems]
+    lines.append("stack usable: " + ("yes" if diagnosis.usable else "NO"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m guide_utils doctor",
+                            description="Report the software stack, GPUs and Slurm job, and warn about "
+                                        "misconfigurations. Exit status 1 when the stack cannot train.")
+    parser.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
+                        help="DataLoader workers per task you plan to use (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print the facts and diagnosis as JSON")
+    args = parser.parse_args(argv)
+    facts = gather(loader_workers=args.loader_workers)
+    diagnosis = diagnose(facts)
+    if args.json:
+        data = asdict(facts)
+        data["slurm"] = asdict(facts.slurm) if facts.slurm else None
+        print(json.dumps({"facts": data, "warnings": diagnosis.warnings, "problems": diagnosis.problems}, indent=2))
+    else:
+        print(render(facts, diagnosis))
+    return 0 if diagnosis.usable else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The Slurm job a process runs in, read from the environment, and what follows from it.
+
+Slurm describes a job through ``SLURM_*`` variables. Every launcher this guide uses (srun,
+mpirun, horovodrun, torchrun) needs some of them translated: the node list expanded, the
+first node chosen as rendezvous host, a port that two jobs sharing a node will not both
+pick. That translation lives here, once.
+
+>>> job = SlurmJob.from_env({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[01-02]",
+...                          "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4"})
+>>> job.nodes
+['gpu01', 'gpu02']
+>>> job.rendezvous()
+('gpu01', 24242)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import hostlist
+
+# Rendezvous ports are taken from 20000-29999: above the well-known and registered ports
+# most services use, below Linux's ephemeral range (32768-60999) where the kernel hands out
+# client ports, and wide enough that job ids rarely collide on a shared node.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer; is the job environment intact?") from None
+
+
+def _tasks_per_node(value: str | None) -> list[int]:
+    """Expand Slurm's compressed per-node counts: '4(x2),2' -> [4, 4, 2]."""
+    if not value:
+        return []
+    counts: list[int] = []
+    for part in value.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ValueError(f"cannot read the per-node count {value!r} (expected e.g. '4(x2),2')")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def _gpus_per_node(env: Mapping[str, str]) -> int | None:
+    """GPUs per node from whichever request syntax the job used.
+
+    ``--gpus-per-node=4``, ``--gpus-per-node=a100:4`` and ``--gres=gpu:v100:4`` all end in
+    the count; a bare ``--gres=gpu`` means one.
+    """
+    for name in ("SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS_PER_NODE"):
+        value = env.get(name)
+        if value:
+            return int(value.rsplit(":", 1)[-1].split("(")[0])
+    gres = env.get("SLURM_JOB_GRES") or env.get("SLURM_GRES") or ""
+    for item in gres.split(","):
+        fields = re.sub(r"\(.*?\)", "", item).split(":")  # drop "(IDX:0-3)" annotations
+        if fields[0] == "gpu":
+            return int(fields[-1]) if fields[-1].isdigit() else 1
+    return None
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A Slurm job as one of its tasks sees it."""
+
+    job_id: int
+    nodes: list[str]
+    ntasks: int
+    tasks_per_node: list[int] = field(default_factory=list)
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    procid: int | None = None
+    localid: int | None = None
+    nodeid: int | None = None
+    array_task_id: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "SlurmJob | None":
+        """Read the job from ``env`` (default ``os.environ``); ``None`` outside a job."""
+        env = os.environ if env is None else env
+        job_id = _int(env, "SLURM_JOB_ID")
+        if job_id is None:
+            return None
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+        nodes = hostlist.expand_hostlist(nodelist) if nodelist else []
+        per_node = _tasks_per_node(env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE"))
+        if len(per_node) == 1 and len(nodes) > 1:
+            per_node = per_node * len(nodes)  # --ntasks-per-node gives one number for all nodes
+        ntasks = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS") or sum(per_node) or 1
+        return cls(
+            job_id=job_id,
+            nodes=nodes,
+            ntasks=ntasks,
+            tasks_per_node=per_node,
+            cpus_per_task=_int(env, "SLURM_CPUS_PER_TASK"),
+            gpus_per_node=_gpus_per_node(env),
+            procid=_int(env, "SLURM_PROCID"),
+            localid=_int(env, "SLURM_LOCALID"),
+            nodeid=_int(env, "SLURM_NODEID"),
+            array_task_id=_int(env, "SLURM_ARRAY_TASK_ID"),
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def master_addr(self) -> str:
+        """The first node of the allocation: every task agrees on it without talking."""
+        if not self.nodes:
+            raise ValueError("SLURM_JOB_NODELIST is empty; cannot choose a rendezvous host")
+        return self.nodes[0]
+
+    @property
+    def master_port(self) -> int:
+        """A port derived from the job id, so two jobs sharing a node do not collide."""
+        return PORT_BASE + self.job_id % PORT_SPAN
+
+    def rendezvous(self) -> tuple[str, int]:
+        return self.master_addr, self.master_port
+
+    def torch_distributed_env(self) -> dict[str, str]:
+        """The variables torch.distributed's ``env://`` init reads, for a task started by srun.
+
+        torchrun sets these itself; under ``srun python train.py`` nobody does, which is why
+        tasks otherwise hang waiting for a rendezvous that never comes.
+        """
+        if self.procid is None:
+            raise ValueError("SLURM_PROCID is not set: run this inside an srun task, not the batch script")
+        addr, port = self.rendezvous()
+        return {
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(self.ntasks),
+            "RANK": str(self.procid),
+            "LOCAL_RANK": str(self.localid if self.localid is not None else 0),
+        }

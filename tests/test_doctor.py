@@ -1,0 +1,144 @@
+"""The doctor: pure diagnosis rules, then the real command on this machine's stack."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from guide_utils.doctor import Facts, diagnose, render
+from guide_utils.slurm import SlurmJob
+
+HEALTHY_HOROVOD = {
+    "horovod": "0.28.1",
+    "frameworks": {"PyTorch": True, "TensorFlow": True},
+    "controllers": {"MPI": True, "Gloo": True},
+    "operations": {"NCCL": True, "DDL": False, "CCL": False, "MPI": True, "Gloo": True},
+}
+A100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_gib": 39.4}
+
+
+def healthy(**changes) -> Facts:
+    facts = Facts(
+        torch={"torch": "2.14.1", "torchvision": "0.29.1", "torch_cuda": "13.0", "gpus": [A100] * 4},
+        tensorflow={"tensorflow": "2.15.1", "keras": "2.15.0"},
+        horovod=horovod_facts(),
+        mpi="mpirun (Open MPI) 4.1.4",
+        omp_num_threads="7",
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def horovod_facts(**ops):
+    h = {k: (dict(v) if isinstance(v, dict) else v) for k, v in HEALTHY_HOROVOD.items()}
+    h["operations"].update(ops)
+    return h
+
+
+def job(**env) -> SlurmJob:
+    base = {"SLURM_JOB_ID": "99", "SLURM_JOB_NODELIST": "g[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)",
+            "SLURM_GPUS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "8"}
+    return SlurmJob.from_env({**base, **env})
+
+
+def test_healthy_stack_has_nothing_to_say():
+    d = diagnose(healthy(slurm=job()))
+    assert d.warnings == [] and d.problems == [] and d.usable
+
+
+def test_gpus_without_nccl_warns():
+    d = diagnose(healthy(horovod=horovod_facts(NCCL=False)))
+    assert len(d.warnings) == 1 and "without NCCL" in d.warnings[0] and "HOROVOD_GPU_OPERATIONS=NCCL" in d.warnings[0]
+    assert d.usable  # slow, but it trains
+
+
+def test_tasks_per_node_must_match_gpus_per_node():
+    d = diagnose(healthy(slurm=job(SLURM_TASKS_PER_NODE="8(x2)")))
+    assert any("tasks per node (8) differ from GPUs per node (4)" in w for w in d.warnings), d.warnings
+
+
+def test_loader_workers_above_cpus_per_task():
+    d = diagnose(healthy(slurm=job(SLURM_CPUS_PER_TASK="2"), loader_workers=4))
+    assert any("4 DataLoader workers per task but only 2 CPU(s)" in w for w in d.warnings), d.warnings
+
+
+def test_unset_omp_threads_with_several_tasks_per_node():
+    d = diagnose(healthy(slurm=job(), omp_num_threads=None))
+    assert any("OMP_NUM_THREADS" in w for w in d.warnings)
+
+
+def test_horovod_missing_is_a_problem():
+    d = diagnose(healthy(horovod=None, errors={"horovod": "No module named 'horovod'"}))
+    assert not d.usable and "No module named 'horovod'" in d.problems[0]
+
+
+def test_horovod_without_controllers_is_a_problem():
+    h = horovod_facts()
+    h["controllers"] = {"MPI": False, "Gloo": False}
+    assert not diagnose(healthy(horovod=h)).usable
+
+
+def test_tensorflow_216_is_warned_about():
+    d = diagnose(healthy(tensorflow={"tensorflow": "2.16.1", "keras": "3.3.3"}))
+    assert any("Keras 3" in w for w in d.warnings)
+
+
+def test_render_lists_the_job():
+    facts = healthy(slurm=job())
+    text = render(facts, diagnose(facts))
+    assert "g1,g2" in text and "20099" in text and text.endswith("stack usable: yes")
+
+
+# --- the real command, on this machine's stack -------------------------------------------
+
+def _doctor(env_extra=None, args=()):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "guide_utils", "doctor", *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_doctor_on_this_machine():
+    out = _doctor()
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    for expected in (r"torchvision +0\.29\.1", r"tensorflow +2\.15\.1 \(Keras 2\.15", r"horovod +0\.28\.1",
+                     r"frameworks +\[X\] PyTorch  \[X\] TensorFlow", r"controllers +\[X\] MPI  \[X\] Gloo",
+                     r"mpi +mpirun \(Open MPI\)", r"gpus +none", r"slurm job +none", r"stack usable: yes$"):
+        assert re.search(expected, text, re.M), f"{expected!r} missing from:\n{text}"
+    assert "WARNING" not in text
+
+
+@pytest.mark.slow
+def test_doctor_inside_a_misconfigured_slurm_job():
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_NTASKS": "12",
+           "SLURM_TASKS_PER_NODE": "4(x3)", "SLURM_GPUS_PER_NODE": "2", "SLURM_CPUS_PER_TASK": "2"}
+    out = _doctor(env, ["--loader-workers", "6"])
+    assert out.returncode == 0, out.stderr
+    assert "3: gpu07,gpu08,gpu09" in out.stdout
+    assert "gpu07:24242" in out.stdout
+    assert "WARNING: tasks per node (4) differ from GPUs per node (2)" in out.stdout
+    assert "WARNING: 6 DataLoader workers per task but only 2 CPU(s)" in out.stdout
+
+
+@pytest.mark.slow
+def test_doctor_fails_when_horovod_is_broken(tmp_path):
+    # A Horovod that cannot import (what a half-finished build leaves behind).
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('libhorovod.so: undefined symbol')\n")
+    out = _doctor({"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1
+    assert "PROBLEM: Horovod does not import (ImportError: libhorovod.so: undefined symbol)" in out.stdout
+    assert "stack usable: NO" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_doctor_rejects_a_wrong_flag():
+    out = _doctor(args=["--loader-workers", "many"])
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "invalid int value: 'many'" in out.stderr

@@ -1,0 +1,95 @@
+"""guide_utils.slurm: the job context and the rendezvous derived from it."""
+
+import re
+
+import pytest
+
+from guide_utils.slurm import PORT_BASE, PORT_SPAN, SlurmJob
+
+# The shape of the thesis's largest jobs (Appendix 3): 8 nodes x 4 P100, 7 CPUs per task.
+THESIS_32_GPU = {
+    "SLURM_JOB_ID": "5120337",
+    "SLURM_JOB_NODELIST": "r01g[01-04],r02g[01-04]",
+    "SLURM_NTASKS": "32",
+    "SLURM_TASKS_PER_NODE": "4(x8)",
+    "SLURM_CPUS_PER_TASK": "7",
+    "SLURM_JOB_GRES": "gpu:p100:4",
+    "SLURM_PROCID": "13",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "3",
+}
+
+
+def test_outside_a_job_there_is_none():
+    assert SlurmJob.from_env({"HOME": "/root"}) is None
+
+
+def test_thesis_shaped_job():
+    job = SlurmJob.from_env(THESIS_32_GPU)
+    assert job.nodes == [f"r01g0{i}" for i in range(1, 5)] + [f"r02g0{i}" for i in range(1, 5)]
+    assert job.num_nodes == 8
+    assert job.ntasks == 32
+    assert job.tasks_per_node == [4] * 8
+    assert job.cpus_per_task == 7
+    assert job.gpus_per_node == 4
+    assert (job.procid, job.localid, job.nodeid) == (13, 1, 3)
+
+
+@pytest.mark.parametrize(
+    "env, gpus",
+    [
+        ({"SLURM_GPUS_PER_NODE": "4"}, 4),
+        ({"SLURM_GPUS_PER_NODE": "a100:8"}, 8),
+        ({"SLURM_JOB_GRES": "gpu:v100:2"}, 2),
+        ({"SLURM_JOB_GRES": "gpu:4(IDX:0-3)"}, 4),
+        ({"SLURM_JOB_GRES": "gpu"}, 1),
+        ({"SLURM_JOB_GRES": "nvme:1,gpu:a40:3"}, 3),
+        ({}, None),
+    ],
+)
+def test_gpu_request_syntaxes(env, gpus):
+    job = SlurmJob.from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", **env})
+    assert job.gpus_per_node == gpus
+
+
+def test_uneven_tasks_per_node():
+    job = SlurmJob.from_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "c[1-3]", "SLURM_TASKS_PER_NODE": "4(x2),2"})
+    assert job.tasks_per_node == [4, 4, 2]
+    assert job.ntasks == 10
+
+
+def test_ntasks_per_node_applies_to_every_node():
+    job = SlurmJob.from_env({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "c[1-3]", "SLURM_NTASKS_PER_NODE": "2"})
+    assert job.tasks_per_node == [2, 2, 2]
+
+
+def test_rendezvous_is_first_node_and_a_port_from_the_job_id():
+    job = SlurmJob.from_env(THESIS_32_GPU)
+    assert job.rendezvous() == ("r01g01", PORT_BASE + 5120337 % PORT_SPAN)
+    assert job.master_port == 20337
+
+
+def test_two_jobs_on_one_node_get_different_ports():
+    ports = {SlurmJob.from_env({"SLURM_JOB_ID": str(j), "SLURM_JOB_NODELIST": "n1"}).master_port
+             for j in range(1000, 1100)}
+    assert len(ports) == 100
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+
+
+def test_torch_env_for_an_srun_task():
+    env = SlurmJob.from_env(THESIS_32_GPU).torch_distributed_env()
+    assert env == {"MASTER_ADDR": "r01g01", "MASTER_PORT": "20337", "WORLD_SIZE": "32", "RANK": "13",
+                   "LOCAL_RANK": "1"}
+
+
+def test_torch_env_needs_an_srun_task():
+    env = dict(THESIS_32_GPU)
+    del env["SLURM_PROCID"]
+    with pytest.raises(ValueError, match="SLURM_PROCID"):
+        SlurmJob.from_env(env).torch_distributed_env()
+
+
+@pytest.mark.parametrize("bad", [{"SLURM_NTASKS": "many"}, {"SLURM_TASKS_PER_NODE": "4(y2)"}])
+def test_corrupt_values_are_named(bad):
+    with pytest.raises(ValueError, match=re.escape(next(iter(bad.values())))):
+        SlurmJob.from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", **bad})
