@@ -11,7 +11,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
-VENV=${VENV:-$repo/.venv}
+# Absolute: the Horovod build runs CMake from its own directory.
+VENV=$(realpath -m "${VENV:-$repo/.venv}")
 PYTHON=${PYTHON:-python3.11}
 HOROVOD_VERSION=0.28.1
 # Debian packages: OpenMPI (mpirun + mpicc/headers for Horovod's MPI controller), CMake
