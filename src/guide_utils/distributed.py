@@ -34,6 +34,7 @@ class Dist:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    local_size: int = 1
     device: Any = None
     _hvd: Any = field(default=None, repr=False)
 
@@ -44,17 +45,20 @@ class Dist:
     def prepare(self, model, optimizer, *, fp16_allreduce: bool = False):
         """Make every rank start from rank 0's weights and average gradients.
 
-        Returns ``(model, optimizer)``; the model may be wrapped (DDP).
+        Returns ``(model, optimizer)``; the model may be wrapped (DDP) and the optimizer is
+        replaced (Horovod). Horovod's wrapper starts with an empty optimizer state, so
+        restore a checkpoint's optimizer state *after* this call, on every rank.
         """
         if self.kind == "horovod":
             hvd = self._hvd
             compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                  compression=compression)
-            # Without these two broadcasts each rank would start from its own random init
-            # (and its own momentum buffers when resuming) and drift apart.
+            # Without this broadcast each rank would start from its own random init and the
+            # ranks would drift apart. (hvd.broadcast_optimizer_state is not called: on a fresh
+            # optimizer it initialises the state with a zero-gradient step, which weight decay
+            # turns into a real update, p -= lr*wd*p; resumed state is loaded on every rank.)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         elif self.kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -124,7 +128,7 @@ def _init_horovod() -> Dist:
         raise GuideError(f"Horovod for PyTorch does not import ({exc}); run scripts/setup.sh") from None
     hvd.init()
     local_rank = hvd.local_rank()
-    return Dist("horovod", hvd.rank(), hvd.size(), local_rank, _pick_device(local_rank), hvd)
+    return Dist("horovod", hvd.rank(), hvd.size(), local_rank, hvd.local_size(), _pick_device(local_rank), hvd)
 
 
 def _init_ddp() -> Dist:
@@ -142,7 +146,8 @@ def _init_ddp() -> Dist:
     device = _pick_device(local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     tdist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
-    return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, device)
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
+    return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, local_size, device)
 
 
 def init(kind: str = "none") -> Dist:
