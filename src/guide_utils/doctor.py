@@ -191,24 +191,32 @@ def diagnose(facts: Facts) -> Diagnosis:
         if facts.torch and not facts.torch.get("torch_cuda"):
             warnings.append("GPUs visible but this PyTorch is a CPU-only build")
 
-    job = facts.slurm
     if "slurm" in facts.errors:
         warnings.append(f"the Slurm environment could not be read: {facts.errors['slurm']}")
-    if job is not None:
-        per_node = set(job.tasks_per_node)
-        if job.gpus_per_node and per_node and per_node != {job.gpus_per_node}:
-            warnings.append(f"tasks per node ({','.join(map(str, sorted(per_node)))}) differ from GPUs per node "
-                            f"({job.gpus_per_node}): use one task per GPU (--ntasks-per-node={job.gpus_per_node})")
-        if job.cpus_per_task is not None and facts.loader_workers > job.cpus_per_task:
-            warnings.append(f"{facts.loader_workers} DataLoader workers per task but only {job.cpus_per_task} "
-                            f"CPU(s) per task: ask for --cpus-per-task={facts.loader_workers + 1} "
-                            f"or use --loader-workers {max(job.cpus_per_task - 1, 0)}")
-        if job.cpus_per_task is None and max(per_node or {1}) > 1:
-            warnings.append("several tasks per node without --cpus-per-task: every task may start one "
-                            "thread per core and oversubscribe the node")
-        if max(per_node or {1}) > 1 and not facts.omp_num_threads:
-            warnings.append("OMP_NUM_THREADS is unset with several tasks per node: set it to the CPUs per task")
+    if facts.slurm is not None:
+        warnings += diagnose_job(facts.slurm, loader_workers=facts.loader_workers,
+                                 omp_num_threads=facts.omp_num_threads)
     return Diagnosis(warnings=warnings, problems=problems)
+
+
+def diagnose_job(job: SlurmJob, *, loader_workers: int = DEFAULT_LOADER_WORKERS,
+                 omp_num_threads: str | None = None) -> list[str]:
+    """Warnings about the shape of a Slurm job, independent of the software stack."""
+    warnings: list[str] = []
+    per_node = set(job.tasks_per_node)
+    if job.gpus_per_node and per_node and per_node != {job.gpus_per_node}:
+        warnings.append(f"tasks per node ({','.join(map(str, sorted(per_node)))}) differ from GPUs per node "
+                        f"({job.gpus_per_node}): use one task per GPU (--ntasks-per-node={job.gpus_per_node})")
+    if job.cpus_per_task is not None and loader_workers > job.cpus_per_task:
+        warnings.append(f"{loader_workers} DataLoader workers per task but only {job.cpus_per_task} "
+                        f"CPU(s) per task: ask for --cpus-per-task={loader_workers + 1} "
+                        f"or use --loader-workers {max(job.cpus_per_task - 1, 0)}")
+    if job.cpus_per_task is None and max(per_node or {1}) > 1:
+        warnings.append("several tasks per node without --cpus-per-task: every task may start one "
+                        "thread per core and oversubscribe the node")
+    if max(per_node or {1}) > 1 and not omp_num_threads:
+        warnings.append("OMP_NUM_THREADS is unset with several tasks per node: set it to the CPUs per task")
+    return warnings
 
 
 def _mark(flags: Mapping[str, bool]) -> str:
