@@ -1,0 +1,114 @@
+"""Training settings in one place: the full (cluster) profile and the smoke (laptop) profile.
+
+The ``full`` profile is the thesis's setting (ResNet-50, ImageNet-shaped data, 90 epochs,
+SGD momentum 0.9, weight decay 1e-4, base learning rate 0.1 for batch 256, drops at epochs
+30/60/80). The ``smoke`` profile changes only what must change to finish in seconds on two
+CPU cores; everything else is inherited, so a smoke run exercises the same code paths.
+
+>>> cfg = make_config("smoke", epochs=2)
+>>> (cfg.model, cfg.data, cfg.epochs, cfg.base_lr)
+('mnist1d_cnn', 'mnist1d', 2, 0.1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cli import GuideError
+
+
+@dataclass
+class TrainConfig:
+    # what is trained on what
+    model: str = "resnet50"
+    data: str = "synthetic"  # "synthetic", "mnist1d" or an ImageFolder directory
+    image_size: int = 224
+    synthetic_size: int = 10240  # samples per synthetic "epoch" (per job, split over workers)
+    mnist1d_samples: int = 20000
+    # optimisation (thesis, Appendix 5)
+    epochs: int = 90
+    per_worker_batch: int = 128
+    base_lr: float = 0.1
+    base_batch: int = 256
+    lr_scaling: str = "linear"
+    warmup: str = "none"
+    warmup_epochs: int = 5
+    milestones: tuple[int, ...] = (30, 60, 80)
+    gamma: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    max_steps_per_epoch: int | None = None  # cap for benchmarks and quick looks
+    # distribution and input pipeline
+    dist: str = "none"
+    loader_workers: int = 4
+    # performance switches; off by default where they change numerics
+    amp: str = "none"  # "bf16" or "fp16" (fp16 on GPU only)
+    channels_last: bool = False
+    compile: bool = False
+    fp16_allreduce: bool = False
+    deterministic: bool = False
+    # where things go
+    results_dir: str = "results"
+    run_name: str | None = None
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 3
+    throughput_warmup_iters: int = 10
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form labels recorded with the run
+
+    def validate(self) -> "TrainConfig":
+        """Raise GuideError for settings that cannot work, before anything starts."""
+        if self.per_worker_batch <= 0:
+            raise GuideError(f"--per-worker-batch must be a positive integer, got {self.per_worker_batch}")
+        if self.epochs <= 0:
+            raise GuideError(f"--epochs must be positive, got {self.epochs}")
+        if self.base_lr <= 0 or self.base_batch <= 0:
+            raise GuideError("--base-lr and --base-batch must be positive")
+        if self.loader_workers < 0:
+            raise GuideError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
+        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch <= 0:
+            raise GuideError(f"--max-steps-per-epoch must be positive, got {self.max_steps_per_epoch}")
+        if self.keep_checkpoints <= 0:
+            raise GuideError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if self.amp not in ("none", "bf16", "fp16"):
+            raise GuideError(f"--amp must be none, bf16 or fp16, got {self.amp!r}")
+        if self.warmup != "none" and self.milestones and self.warmup_epochs > min(self.milestones):
+            raise GuideError(f"--warmup-epochs {self.warmup_epochs} must not exceed the first milestone "
+                             f"{min(self.milestones)}: the learning-rate drop would happen during warmup")
+        if self.image_size < 8:
+            raise GuideError(f"--image-size must be at least 8, got {self.image_size}")
+        return self
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {},
+    # MNIST-1D (generated offline) with a small 1-D CNN: seconds per epoch on 2 cores.
+    "smoke": {
+        "model": "mnist1d_cnn",
+        "data": "mnist1d",
+        "mnist1d_samples": 4000,
+        "epochs": 4,
+        "per_worker_batch": 32,
+        "warmup_epochs": 1,
+        "milestones": (2, 3),
+        "loader_workers": 0,
+        "throughput_warmup_iters": 5,
+    },
+}
+
+
+def make_config(profile: str = "full", **overrides: Any) -> TrainConfig:
+    """The named profile with ``overrides`` applied (None values are ignored)."""
+    if profile not in PROFILES:
+        raise GuideError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise GuideError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+    values = {**PROFILES[profile], **{k: v for k, v in overrides.items() if v is not None}}
+    if "milestones" in values:
+        values["milestones"] = tuple(values["milestones"])
+    return TrainConfig(**values)

@@ -1,0 +1,163 @@
+"""Datasets by name: synthetic ImageNet-shaped tensors, MNIST-1D, or an ImageFolder tree.
+
+* ``synthetic``: like tf_cnn_benchmarks without ``--data_dir``, it measures compute and
+  communication, not JPEG decoding. Items come from a small pre-generated pool, so the
+  DataLoader never becomes the bottleneck, and item ``i`` is the same on every rank and run.
+* ``mnist1d``: MNIST-1D (Greydanus, "Scaling down deep learning", 2020), a small real
+  classification problem with enough samples for the large-batch effects to show on a CPU.
+  It is *generated* (never downloaded) and cached as an .npz file.
+* a directory: ``DIR/train/<class>/*`` and ``DIR/val/<class>/*`` with the thesis's
+  transforms (Appendix 5), the layout of the PyTorch-examples ImageNet script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from .cli import GuideError
+
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class DataBundle:
+    name: str
+    train: Dataset
+    val: Dataset
+    num_classes: int
+    input_shape: tuple[int, ...]
+    synthetic: bool = False
+
+
+class SyntheticImages(Dataset):
+    """``size`` ImageNet-shaped samples drawn from a pool of 64 fixed random images."""
+
+    POOL = 64
+
+    def __init__(self, size: int, image_size: int, num_classes: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.images = torch.randn(self.POOL, 3, image_size, image_size, generator=g)
+        self.labels = torch.randint(0, num_classes, (size,), generator=g)
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int):
+        return self.images[i % self.POOL], self.labels[i]
+
+
+def _cache_dir(cache_dir: Path | None) -> Path:
+    return Path(cache_dir or os.environ.get("GUIDE_DATA_CACHE") or Path.home() / ".cache" / "guide_utils")
+
+
+def _mnist1d_arrays(samples: int, seed: int, cache_dir: Path | None) -> dict[str, np.ndarray]:
+    import mnist1d
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    version = getattr(mnist1d, "__version__", "0")
+    key = hashlib.sha256(f"{samples}-{seed}-{version}".encode()).hexdigest()[:12]
+    directory = _cache_dir(cache_dir)
+    path = directory / f"mnist1d-{samples}-seed{seed}-{key}.npz"
+    want = ("x", "y", "x_test", "y_test")
+    if path.exists():
+        try:
+            with np.load(path) as f:
+                arrays = {k: f[k] for k in want}
+            if arrays["x"].shape[1:] == (40,) and len(arrays["x"]) == len(arrays["y"]):
+                return arrays
+        except Exception:  # noqa: BLE001 - any unreadable cache is regenerated
+            pass
+        warnings.warn(f"MNIST-1D cache {path} is unreadable; generating it again")
+    args = get_dataset_args()
+    args.num_samples, args.seed = samples, seed
+    # make_dataset prints progress; keep rank output clean.
+    stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
+    try:
+        data = make_dataset(args)
+    finally:
+        sys.stdout.close()
+        sys.stdout = stdout
+    arrays = {k: np.asarray(data[k]) for k in want}
+    directory.mkdir(parents=True, exist_ok=True)
+    # Atomic: several ranks may generate at once; each renames a complete file into place.
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mnist1d-", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+    return arrays
+
+
+def _tensors(x: np.ndarray, y: np.ndarray) -> TensorDataset:
+    return TensorDataset(torch.as_tensor(x, dtype=torch.float32).unsqueeze(1), torch.as_tensor(y, dtype=torch.int64))
+
+
+def _image_folder(root: Path, image_size: int) -> DataBundle:
+    from torchvision import datasets, transforms
+
+    if not root.exists():
+        raise GuideError(f"dataset directory {root} does not exist; pass --data DIR with DIR/train and DIR/val, "
+                         "or --data synthetic / mnist1d")
+    if not root.is_dir():
+        raise GuideError(f"--data {root} is not a directory; the ImageFolder layout is DIR/train/<class>/* and "
+                         "DIR/val/<class>/*")
+    splits = {}
+    for split in ("train", "val"):
+        d = root / split
+        if not d.is_dir():
+            hint = " (the thesis's valprep step sorts validation images into class folders)" if split == "val" else ""
+            raise GuideError(f"dataset directory {root} has no {split}/ subfolder{hint}; the layout is "
+                             f"{root}/train/<class>/* and {root}/val/<class>/*")
+        classes = sorted(p.name for p in d.iterdir() if p.is_dir())
+        images = any(f.suffix.lower() in IMAGE_SUFFIXES for c in classes for f in (d / c).iterdir())
+        if not classes or not images:
+            raise GuideError(f"{d} has no class folders with images; expected {d}/<class>/<image>.jpeg")
+        splits[split] = classes
+    if splits["train"] != splits["val"]:
+        only = sorted(set(splits["train"]) ^ set(splits["val"]))[:3]
+        raise GuideError(f"{root}/train and {root}/val have different classes (e.g. {', '.join(only)}); "
+                         "both need the same class folders")
+    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    train_tf = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
+                                   transforms.ToTensor(), normalize])
+    val_tf = transforms.Compose([transforms.Resize(int(image_size * 256 / 224)), transforms.CenterCrop(image_size),
+                                 transforms.ToTensor(), normalize])
+    train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
+    val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
+    return DataBundle(root.name, train, val, len(train.classes), (3, image_size, image_size))
+
+
+def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, synthetic_size: int = 1024,
+               mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None) -> DataBundle:
+    """The datasets named by ``spec``: ``synthetic``, ``mnist1d`` or an ImageFolder directory."""
+    if spec == "synthetic":
+        if synthetic_size <= 0:
+            raise GuideError(f"--synthetic-size must be positive, got {synthetic_size}")
+        return DataBundle("synthetic", SyntheticImages(synthetic_size, image_size, num_classes, seed),
+                          SyntheticImages(max(synthetic_size // 4, 1), image_size, num_classes, seed + 1),
+                          num_classes, (3, image_size, image_size), synthetic=True)
+    if spec == "mnist1d":
+        if mnist1d_samples < 100:
+            raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
+        a = _mnist1d_arrays(mnist1d_samples, seed, cache_dir)
+        return DataBundle("mnist1d", _tensors(a["x"], a["y"]), _tensors(a["x_test"], a["y_test"]),
+                          int(max(a["y"].max(), a["y_test"].max())) + 1, (1, a["x"].shape[1]))
+    return _image_folder(Path(spec), image_size)
+
+
+def describe(bundle: DataBundle) -> str:
+    shape = ", ".join(map(str, bundle.input_shape))
+    return (f"{bundle.name}: {len(bundle.train)} train / {len(bundle.val)} val samples, "
+            f"{bundle.num_classes} classes, input ({shape})")

@@ -1,0 +1,164 @@
+"""Run records: one JSON-lines file per run, written as training goes, read back as tables.
+
+Each line is one JSON object with a ``type``: ``config`` (first), ``environment``, one
+``epoch`` per finished epoch, ``resume`` when a preempted run continues, ``event``-like
+lines (``preempted``), and ``summary`` at the end. Every line is written whole and flushed
+to disk, so a run killed at any moment leaves a readable record.
+
+>>> import tempfile; d = Path(tempfile.mkdtemp())
+>>> r = RunRecorder(d, "demo", config={"model": "mnist1d_cnn", "workers": 2})
+>>> r.epoch(epoch=1, val_top1_err=12.5, images_per_second=900.0, seconds=3.0)
+>>> read_run(r.path).epochs["val_top1_err"].tolist()
+[12.5]
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .cli import GuideError
+
+TABLE_CONFIG = ["model", "data", "dist", "workers", "per_worker_batch", "global_batch", "lr_scaling", "warmup",
+                "warmup_epochs", "epochs"]
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe: numpy/torch scalars to numbers, tuples to lists, paths to strings."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+class RunRecorder:
+    """Appends a run's record to ``results_dir/<run_name>.jsonl``; never overwrites a file."""
+
+    def __init__(self, results_dir: Path, run_name: str, *, config: dict, environment: dict | None = None,
+                 resume: bool = False):
+        results_dir = Path(results_dir)
+        try:
+            results_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GuideError(f"cannot create results directory {results_dir} ({exc.strerror or exc}); "
+                             "choose another --results-dir") from None
+        path = results_dir / f"{run_name}.jsonl"
+        if resume and path.exists():
+            self.path, self.run_name = path, run_name
+            self._write({"type": "resume", "time": self._now()})
+            return
+        n = 1
+        while path.exists():  # someone's earlier run: keep it, pick the next free name
+            n += 1
+            path = results_dir / f"{run_name}-{n}.jsonl"
+        self.path, self.run_name = path, path.stem
+        self._write({"type": "config", "run": self.run_name, "time": self._now(), "config": config})
+        if environment is not None:
+            self._write({"type": "environment", "environment": environment})
+
+    @staticmethod
+    def _now() -> str:
+        return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+    def _write(self, obj: dict) -> None:
+        line = json.dumps(_plain(obj)) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def epoch(self, **fields: Any) -> None:
+        self._write({"type": "epoch", **fields})
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self._write({"type": kind, "time": self._now(), **fields})
+
+    def summary(self, **fields: Any) -> None:
+        self._write({"type": "summary", "time": self._now(), **fields})
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    config: dict
+    environment: dict | None
+    epochs: Any  # pandas.DataFrame
+    summary: dict | None
+    events: list[dict] = field(default_factory=list)
+    skipped_lines: int = 0
+
+
+def read_run(path: Path | str) -> Run:
+    """One run record; malformed lines (e.g. a truncated last line) are skipped and counted."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"run record {path} does not exist")
+    config = environment = summary = None
+    epochs: dict[int, dict] = {}
+    events, skipped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            kind = obj["type"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            skipped += 1
+            continue
+        if kind == "config":
+            config = obj.get("config", {})
+        elif kind == "environment":
+            environment = obj.get("environment")
+        elif kind == "epoch":
+            epochs[obj.get("epoch", len(epochs) + 1)] = {k: v for k, v in obj.items() if k != "type"}
+        elif kind == "summary":
+            summary = obj
+        else:
+            events.append(obj)
+    if config is None:
+        raise GuideError(f"{path} is not a run record (no config line); run records are written by "
+                         "python -m guide_utils.train")
+    # A resumed run re-records epochs it redid: the last occurrence wins.
+    table = pd.DataFrame([epochs[k] for k in sorted(epochs)])
+    return Run(path.stem, path, config, environment, table, summary, events, skipped)
+
+
+def read_runs(results_dir: Path | str, pattern: str = "*.jsonl") -> list[Run]:
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise GuideError(f"results directory {results_dir} does not exist; run python -m guide_utils.train first")
+    return [read_run(p) for p in sorted(results_dir.glob(pattern))]
+
+
+def runs_table(runs: Iterable[Run] | Path | str):
+    """One row per run: its settings and its best/final errors and mean throughput."""
+    import pandas as pd
+
+    if isinstance(runs, (str, Path)):
+        runs = read_runs(runs)
+    rows = []
+    for run in runs:
+        row = {"run": run.name, **{k: run.config.get(k) for k in TABLE_CONFIG}}
+        e = run.epochs
+        col = (lambda name: e[name].dropna() if name in e else pd.Series(dtype=float))
+        row.update(epochs_done=len(e), best_val_top1_err=col("val_top1_err").min(),
+                   final_val_top1_err=col("val_top1_err").iloc[-1] if len(col("val_top1_err")) else None,
+                   best_val_top5_err=col("val_top5_err").min(),
+                   mean_images_per_second=col("images_per_second").mean(),
+                   total_seconds=col("seconds").sum())
+        rows.append(row)
+    return pd.DataFrame(rows)

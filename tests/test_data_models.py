@@ -1,0 +1,101 @@
+"""Datasets and models by name, and their one-line errors."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from guide_utils.cli import GuideError
+from guide_utils.data import build_data, describe
+from guide_utils.models import build_model
+
+
+def _tree(root: Path, splits=("train", "val"), classes=("cat", "dog")) -> Path:
+    from PIL import Image
+
+    for split in splits:
+        for cls in classes:
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(3):
+                Image.new("RGB", (40, 40), (i * 80, 30, 200)).save(root / split / cls / f"{i}.png")
+    return root
+
+
+def test_synthetic_is_deterministic_and_imagenet_shaped():
+    a = build_data("synthetic", synthetic_size=512)
+    b = build_data("synthetic", synthetic_size=512)
+    assert a.input_shape == (3, 224, 224) and a.num_classes == 1000 and a.synthetic
+    assert torch.equal(a.train[5][0], b.train[5][0]) and a.train[5][1] == b.train[5][1]
+    assert all(0 <= a.train[i][1] < 1000 for i in range(512))
+
+
+def test_mnist1d_is_generated_and_cached(tmp_path, monkeypatch):
+    bundle = build_data("mnist1d", mnist1d_samples=600, cache_dir=tmp_path)
+    assert describe(bundle) == "mnist1d: 480 train / 120 val samples, 10 classes, input (1, 40)"
+    x, y = bundle.train[0]
+    assert x.shape == (1, 40) and x.dtype == torch.float32 and y.dtype == torch.int64
+    cached = list(tmp_path.glob("mnist1d-600-*.npz"))
+    assert len(cached) == 1
+
+    import mnist1d.data
+
+    monkeypatch.setattr(mnist1d.data, "make_dataset", lambda args: pytest.fail("regenerated despite the cache"))
+    again = build_data("mnist1d", mnist1d_samples=600, cache_dir=tmp_path)
+    assert torch.equal(again.train[7][0], bundle.train[7][0])
+
+
+def test_corrupt_mnist1d_cache_is_regenerated(tmp_path):
+    build_data("mnist1d", mnist1d_samples=600, cache_dir=tmp_path)
+    cached = next(tmp_path.glob("mnist1d-600-*.npz"))
+    cached.write_bytes(b"broken")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert len(build_data("mnist1d", mnist1d_samples=600, cache_dir=tmp_path).train) == 480
+
+
+def test_image_folder_with_the_thesis_transforms(tmp_path):
+    bundle = build_data(str(_tree(tmp_path / "imgs")), image_size=32)
+    assert bundle.num_classes == 2 and bundle.input_shape == (3, 32, 32)
+    assert bundle.train[0][0].shape == (3, 32, 32) and bundle.val[0][0].shape == (3, 32, 32)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: p / "missing", "does not exist"),
+    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "not a directory"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", "no train/"),
+    (lambda p: _tree(p / "t", splits=("train",)), "no val/"),
+    (lambda p: [(p / "c" / s).mkdir(parents=True) for s in ("train", "val")] and p / "c", "no class folders"),
+])
+def test_image_folder_errors(tmp_path, make, fragment):
+    path = make(tmp_path)
+    with pytest.raises(GuideError, match=fragment) as exc:
+        build_data(str(path), image_size=32)
+    assert "\n" not in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_mismatched_classes(tmp_path):
+    root = _tree(tmp_path / "d")
+    (root / "val" / "cat").rename(root / "val" / "cow")
+    with pytest.raises(GuideError, match="different classes"):
+        build_data(str(root))
+
+
+def test_models_by_name():
+    assert sum(p.numel() for p in build_model("resnet50", num_classes=1000, input_shape=(3, 224, 224)).parameters()) \
+        == 25_557_032  # torchvision's ResNet-50
+    small = build_model("small_resnet", num_classes=10, input_shape=(3, 32, 32))
+    out = small(torch.randn(8, 3, 32, 32))
+    out.sum().backward()
+    assert out.shape == (8, 10)
+    assert build_model("mnist1d_cnn", num_classes=10, input_shape=(1, 40))(torch.randn(4, 1, 40)).shape == (4, 10)
+
+
+@pytest.mark.parametrize("name, shape, fragment", [
+    ("resnet5000", (3, 32, 32), "unknown model 'resnet5000'"),
+    ("mnist1d_cnn", (3, 32, 32), "--data mnist1d"),
+    ("small_resnet", (1, 40), "mnist1d_cnn"),
+    ("resnet18", (1, 40), "mnist1d_cnn"),
+])
+def test_model_errors_are_one_line(name, shape, fragment):
+    with pytest.raises(GuideError, match=fragment) as exc:
+        build_model(name, num_classes=10, input_shape=shape)
+    assert "\n" not in str(exc.value)

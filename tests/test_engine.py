@@ -1,0 +1,190 @@
+"""The training engine end to end on CPU: records, resume, distributed agreement, failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PY = sys.executable
+BIN = Path(PY).parent
+TRAIN = [PY, "-m", "guide_utils.train", "--profile", "smoke", "--no-progress"]
+TIMEOUT = 240
+
+
+def _env(**extra) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("GUIDE_DATA_CACHE", str(Path.home() / ".cache" / "guide_utils"))
+    return env
+
+
+def _records(results: Path) -> list[dict]:
+    files = sorted(results.glob("*.jsonl"))
+    assert len(files) == 1, files
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
+
+
+def _summary(results: Path) -> dict:
+    return [r for r in _records(results) if r["type"] == "summary"][-1]
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_a_record(tmp_path):
+    from guide_utils.config import make_config
+    from guide_utils.engine import train
+
+    cfg = make_config("smoke", epochs=3, results_dir=str(tmp_path), progress=False)
+    result = train(cfg)
+    assert result.completed_epochs == 3 and not result.preempted
+    rows = [r for r in _records(tmp_path) if r["type"] == "epoch"]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert 0 <= row["val_top1_err"] <= 100 and row["val_top5_err"] <= row["val_top1_err"]
+        assert row["images_per_second"] > 0 and row["seconds"] > 0
+    # smoke profile: 1 worker x 32 with base 0.1 @ 256 -> 0.0125, x0.1 from epoch index 2 (the 3rd)
+    config = _records(tmp_path)[0]["config"]
+    assert config["peak_lr"] == pytest.approx(0.0125) and config["global_batch"] == 32
+    assert [r["lr"] for r in rows] == pytest.approx([0.0125, 0.0125, 0.00125])
+    # it learned something: MNIST-1D has 10 classes, chance is 90% error
+    assert rows[-1]["val_top1_err"] < 80
+
+
+def _run(cmd, cwd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=cwd, **kw)
+
+
+@pytest.mark.slow
+def test_chained_runs_equal_one_unbroken_run(tmp_path):
+    """The thesis trained its 1-GPU baseline in chunks: 2 epochs, then 2 more, from the checkpoint."""
+    common = ["--epochs", "4", "--warmup", "gradual"]
+    unbroken = _run([*TRAIN, *common, "--results-dir", "a"], tmp_path)
+    assert unbroken.returncode == 0, unbroken.stderr
+    chunk = ["--checkpoint-dir", "ckpt", "--results-dir", "b"]
+    first = _run([*TRAIN, "--epochs", "2", "--warmup", "gradual", *chunk], tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = _run([*TRAIN, *common, *chunk], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "resuming checkpoint-epoch0002.pt at epoch 2" in second.stdout
+    assert _summary(tmp_path / "b")["weights_digests"] == _summary(tmp_path / "a")["weights_digests"]
+
+
+@pytest.mark.slow
+def test_preempted_then_resumed_equals_unbroken(tmp_path):
+    args = [*TRAIN, "--epochs", "4", "--warmup", "stepping"]
+    unbroken = _run([*args, "--results-dir", "a"], tmp_path)
+    assert unbroken.returncode == 0, unbroken.stderr
+
+    cmd = [*args, "--results-dir", "b", "--checkpoint-dir", "ckpt"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline and not list((tmp_path / "ckpt").glob("checkpoint-epoch0001.pt")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)  # what Slurm sends with --signal=USR1@...
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 75, f"expected the requeue exit status 75, got {proc.returncode}\n{out}\n{err}"
+    saved = sorted(p.name for p in (tmp_path / "ckpt").glob("checkpoint-*.pt"))
+    assert any("-step" in name for name in saved), saved  # stopped mid-epoch, not at a boundary
+
+    resumed = _run(cmd, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    records = _records(tmp_path / "b")
+    assert [r["type"] for r in records].count("resume") == 1
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [1, 2, 3, 4]
+    assert _summary(tmp_path / "b")["weights_digests"] == _summary(tmp_path / "a")["weights_digests"]
+
+
+LAUNCHERS = {
+    "horovod-gloo": lambda n: [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo"],
+    "horovod-mpi": lambda n: ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none",
+                              "-x", "PATH", "-x", "OMP_NUM_THREADS", "-x", "GUIDE_DATA_CACHE"],
+    "ddp-torchrun": lambda n: [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(n)],
+}
+
+
+def _launch(name: str, n: int, args: list[str]) -> list[str]:
+    dist = "ddp" if name.startswith("ddp") else "horovod"
+    if name == "ddp-torchrun":
+        return [*LAUNCHERS[name](n), "-m", "guide_utils.train", *TRAIN[3:], "--dist", dist, *args]
+    return [*LAUNCHERS[name](n), *TRAIN, "--dist", dist, *args]
+
+
+def _root_env():
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_two_workers_end_with_identical_weights(tmp_path, launcher):
+    cmd = _launch(launcher, 2, ["--epochs", "2", "--results-dir", "r"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(**_root_env()), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = _records(tmp_path / "r")
+    assert records[0]["config"]["workers"] == 2 and records[0]["config"]["global_batch"] == 64
+    summary = _summary(tmp_path / "r")
+    digests = summary["weights_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1] and summary["ranks_agree"]
+    # 2 x 32 under the linear rule: twice the single-worker learning rate
+    assert records[0]["config"]["peak_lr"] == pytest.approx(0.025)
+
+
+def _worker_pids(launcher_pid: int) -> dict[int, int]:
+    """rank -> pid of the training processes started under the launcher."""
+    import psutil
+
+    ranks = {}
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if "guide_utils.train" not in " ".join(child.cmdline()):
+                continue
+            env = child.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "RANK"):
+            if var in env:
+                ranks[int(env[var])] = child.pid
+                break
+    return ranks
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_killed_worker_ends_the_job_within_120_s(tmp_path, launcher):
+    cmd = _launch(launcher, 2, ["--epochs", "50", "--results-dir", "r"])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_env(**_root_env()), cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and not any("epoch" in r["type"] for r in _maybe_records(tmp_path / "r")):
+            time.sleep(0.2)
+        ranks = _worker_pids(proc.pid)
+        assert 1 in ranks, f"rank 1 not found among {ranks}"
+        os.kill(ranks[1], signal.SIGKILL)
+        killed_at = time.time()
+        proc.wait(timeout=150)
+        elapsed = time.time() - killed_at
+        assert proc.returncode != 0
+        assert elapsed < 120, f"the job took {elapsed:.0f} s to notice a dead worker"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _maybe_records(results: Path) -> list[dict]:
+    out = []
+    for f in results.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out

@@ -1,0 +1,135 @@
+"""Bad input to ``python -m guide_utils.train``: one clear line, exit 2, no traceback, no file lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PY = sys.executable
+TRAIN = [PY, "-m", "guide_utils.train", "--profile", "smoke", "--no-progress", "--epochs", "1"]
+
+
+def _fails_with_one_line(args: list[str], cwd: Path, *expected: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "HOROVOD_", "RANK"))}
+    proc = subprocess.run([*TRAIN, *args], capture_output=True, text=True, timeout=180, cwd=cwd, env=env)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert len(err.splitlines()) == 1, f"expected one line, got:\n{err}"
+    for word in expected:
+        assert word in err, f"{word!r} not in {err!r}"
+    return err
+
+
+def _image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog")) -> Path:
+    from PIL import Image
+
+    for split in splits:
+        for cls in classes:
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(2):
+                Image.new("RGB", (24, 24), (i * 90, 40, 200)).save(root / split / cls / f"{i}.png")
+    return root
+
+
+CASES = {
+    "unknown model": (["--model", "resnet5000"], ["resnet5000"]),
+    "unknown flag": (["--learning-rate", "0.1"], ["--learning-rate"]),
+    "unknown warmup": (["--warmup", "slow"], ["--warmup"]),
+    "batch zero": (["--per-worker-batch", "0"], ["--per-worker-batch", "0"]),
+    "negative batch": (["--per-worker-batch", "-8"], ["--per-worker-batch"]),
+    "zero epochs": (["--epochs", "0"], ["--epochs"]),
+    "warmup past first milestone": (["--warmup", "gradual", "--warmup-epochs", "3", "--milestones", "2", "3"],
+                                    ["--warmup-epochs 3", "milestone 2"]),
+    "horovod without launcher": (["--dist", "horovod"], ["horovodrun", "mpirun"]),
+    "ddp without launcher": (["--dist", "ddp"], ["torchrun"]),
+    "fp16 on cpu": (["--amp", "fp16"], ["fp16", "bf16"]),
+    "negative loader workers": (["--loader-workers", "-1"], ["--loader-workers"]),
+    "batch larger than the data": (["--per-worker-batch", "100000"], ["--per-worker-batch 100000"]),
+    "not a number": (["--base-lr", "fast"], ["--base-lr"]),
+    "missing dataset": (["--data", "no/such/dir", "--model", "small_resnet"], ["no/such/dir"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input(case, tmp_path):
+    args, expected = CASES[case]
+    _fails_with_one_line(args, tmp_path, *expected)
+
+
+@pytest.mark.slow
+def test_empty_dataset_dir(tmp_path):
+    (tmp_path / "data").mkdir()
+    _fails_with_one_line(["--data", "data", "--model", "small_resnet"], tmp_path, "data")
+
+
+@pytest.mark.slow
+def test_image_folder_without_val(tmp_path):
+    _image_tree(tmp_path / "imgs", splits=("train",))
+    _fails_with_one_line(["--data", "imgs", "--model", "small_resnet", "--image-size", "16"], tmp_path, "val")
+
+
+@pytest.mark.slow
+def test_image_model_on_1d_data(tmp_path):
+    _fails_with_one_line(["--model", "resnet18"], tmp_path, "resnet18", "mnist1d")
+
+
+@pytest.mark.slow
+def test_unwritable_checkpoint_dir(tmp_path):
+    (tmp_path / "file.txt").write_text("a user's file")
+    _fails_with_one_line(["--checkpoint-dir", "file.txt/ckpt"], tmp_path, "file.txt/ckpt", "--checkpoint-dir")
+    assert (tmp_path / "file.txt").read_text() == "a user's file"
+
+
+@pytest.mark.slow
+def test_corrupt_checkpoint_is_reported_not_deleted(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "checkpoint-epoch0001.pt").write_bytes(b"not a checkpoint")
+    _fails_with_one_line(["--checkpoint-dir", "ckpt"], tmp_path, "ckpt")
+    assert (ckpt / "checkpoint-epoch0001.pt").read_bytes() == b"not a checkpoint"
+
+
+@pytest.mark.slow
+def test_checkpoint_from_a_different_model(tmp_path):
+    base = [PY, "-m", "guide_utils.train", "--profile", "smoke", "--no-progress", "--epochs", "1",
+            "--checkpoint-dir", "ckpt", "--data", "synthetic", "--image-size", "16", "--synthetic-size", "64"]
+    first = subprocess.run([*base, "--model", "small_resnet"], capture_output=True, text=True, cwd=tmp_path, timeout=180)
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    second = subprocess.run([*base, "--model", "resnet18"], capture_output=True, text=True, cwd=tmp_path, timeout=180)
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert "small_resnet" in second.stderr and "resnet18" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
+
+
+@pytest.mark.slow
+def test_an_existing_record_is_never_overwritten(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "mine.jsonl").write_text("my notes\n")
+    ok = subprocess.run([*TRAIN, "--run-name", "mine", "--results-dir", "results"], capture_output=True,
+                        text=True, cwd=tmp_path, timeout=180)
+    assert ok.returncode == 0, ok.stderr
+    assert (results / "mine.jsonl").read_text() == "my notes\n"
+    assert (results / "mine-2.jsonl").exists()
+
+
+def test_help_documents_every_flag():
+    import dataclasses
+
+    from guide_utils.config import TrainConfig
+    from guide_utils.train import build_parser
+
+    text = build_parser().format_help()
+    for field in dataclasses.fields(TrainConfig):
+        if field.name in ("extra", "throughput_warmup_iters"):
+            continue
+        flag = "--no-progress" if field.name == "progress" else "--" + field.name.replace("_", "-")
+        assert flag in text, f"{flag} missing from --help"
