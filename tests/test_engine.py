@@ -188,3 +188,35 @@ def _maybe_records(results: Path) -> list[dict]:
             except json.JSONDecodeError:
                 pass
     return out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ddp_started_the_srun_way_finds_its_rendezvous_from_slurm(tmp_path):
+    """Under `srun python -m guide_utils.train --dist ddp` nobody sets MASTER_ADDR/RANK: the
+    engine derives them from SLURM_* (first node, port from the job id). Two processes with
+    the variables srun would give them must form one job."""
+    procs = []
+    for rank in (0, 1):
+        env = _env(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_NTASKS="2",
+                   SLURM_TASKS_PER_NODE="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NODEID="0")
+        for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            env.pop(var, None)
+        procs.append(subprocess.Popen([*TRAIN, "--dist", "ddp", "--epochs", "1", "--results-dir", "r"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                      cwd=tmp_path))
+    outs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    summary = _summary(tmp_path / "r")
+    assert len(summary["weights_digests"]) == 2 and summary["ranks_agree"]
+
+
+@pytest.mark.slow
+def test_performance_switches_run_on_cpu(tmp_path):
+    proc = _run([*TRAIN, "--model", "small_resnet", "--data", "synthetic", "--image-size", "32",
+                 "--synthetic-size", "256", "--epochs", "1", "--amp", "bf16", "--channels-last",
+                 "--results-dir", "r"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in _records(tmp_path / "r") if r["type"] == "epoch"]
+    assert rows[0]["images_per_second"] > 0
+    assert _records(tmp_path / "r")[0]["config"]["amp"] == "bf16"

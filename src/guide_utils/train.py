@@ -33,7 +33,12 @@ def _defaults(name: str) -> str:
 
 
 def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    import argparse
+
+    examples = __doc__.split("\n\n", 1)[1].rsplit("\n\nEvery flag", 1)[0]
+    p = ArgumentParser(prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="The guide's training engine: the same loop on a laptop and on a GPU cluster.\n\n"
+                                   + examples,
                        epilog="Exit status: 0 done; 2 bad input; 75 preempted after a checkpoint (resume by "
                               "rerunning with the same --checkpoint-dir).")
     p.add_argument("--profile", choices=sorted(PROFILES), default="full",
