@@ -5,20 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import make_image_tree
 from guide_utils.cli import GuideError
 from guide_utils.data import build_data, describe
 from guide_utils.models import build_model
-
-
-def _tree(root: Path, splits=("train", "val"), classes=("cat", "dog")) -> Path:
-    from PIL import Image
-
-    for split in splits:
-        for cls in classes:
-            (root / split / cls).mkdir(parents=True, exist_ok=True)
-            for i in range(3):
-                Image.new("RGB", (40, 40), (i * 80, 30, 200)).save(root / split / cls / f"{i}.png")
-    return root
 
 
 def test_synthetic_is_deterministic_and_imagenet_shaped():
@@ -53,7 +43,7 @@ def test_corrupt_mnist1d_cache_is_regenerated(tmp_path):
 
 
 def test_image_folder_with_the_thesis_transforms(tmp_path):
-    bundle = build_data(str(_tree(tmp_path / "imgs")), image_size=32)
+    bundle = build_data(str(make_image_tree(tmp_path / "imgs")), image_size=32)
     assert bundle.num_classes == 2 and bundle.input_shape == (3, 32, 32)
     assert bundle.train[0][0].shape == (3, 32, 32) and bundle.val[0][0].shape == (3, 32, 32)
 
@@ -62,7 +52,7 @@ def test_image_folder_with_the_thesis_transforms(tmp_path):
     (lambda p: p / "missing", "does not exist"),
     (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "not a directory"),
     (lambda p: (p / "empty").mkdir() or p / "empty", "no train/"),
-    (lambda p: _tree(p / "t", splits=("train",)), "no val/"),
+    (lambda p: make_image_tree(p / "t", splits=("train",)), "no val/"),
     (lambda p: [(p / "c" / s).mkdir(parents=True) for s in ("train", "val")] and p / "c", "no class folders"),
 ])
 def test_image_folder_errors(tmp_path, make, fragment):
@@ -73,7 +63,7 @@ def test_image_folder_errors(tmp_path, make, fragment):
 
 
 def test_mismatched_classes(tmp_path):
-    root = _tree(tmp_path / "d")
+    root = make_image_tree(tmp_path / "d")
     (root / "val" / "cat").rename(root / "val" / "cow")
     with pytest.raises(GuideError, match="different classes"):
         build_data(str(root))

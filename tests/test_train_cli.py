@@ -25,17 +25,6 @@ def _fails_with_one_line(args: list[str], cwd: Path, *expected: str) -> str:
     return err
 
 
-def _image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog")) -> Path:
-    from PIL import Image
-
-    for split in splits:
-        for cls in classes:
-            (root / split / cls).mkdir(parents=True, exist_ok=True)
-            for i in range(2):
-                Image.new("RGB", (24, 24), (i * 90, 40, 200)).save(root / split / cls / f"{i}.png")
-    return root
-
-
 CASES = {
     "unknown model": (["--model", "resnet5000"], ["resnet5000"]),
     "unknown flag": (["--learning-rate", "0.1"], ["--learning-rate"]),
@@ -70,7 +59,7 @@ def test_empty_dataset_dir(tmp_path):
 
 @pytest.mark.slow
 def test_image_folder_without_val(tmp_path):
-    _image_tree(tmp_path / "imgs", splits=("train",))
+    make_image_tree(tmp_path / "imgs", splits=("train",))
     _fails_with_one_line(["--data", "imgs", "--model", "small_resnet", "--image-size", "16"], tmp_path, "val")
 
 
