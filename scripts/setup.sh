@@ -47,15 +47,20 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# Some machines list local package mirrors that do not exist for every package; pip warns
+# once per package. Those lines are noise here; errors still show and still fail.
+pip_install() {
+    "${pip[@]}" install -q "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
+}
 
 # --- pinned packages (re-installed only when requirements.txt changes) --------------
 stamp="$VENV/.requirements.sha256"
 want=$(sha256sum requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
     say "installing pinned packages from requirements.txt (first time: ~2 min)"
-    "${pip[@]}" install -q --upgrade "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
-    "${pip[@]}" install -q -r requirements.txt
-    "${pip[@]}" install -q --no-deps -e .
+    pip_install --upgrade "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
+    pip_install -r requirements.txt
+    pip_install --no-deps -e .
     echo "$want" >"$stamp"
 fi
 
