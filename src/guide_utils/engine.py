@@ -213,6 +213,12 @@ def train(cfg: TrainConfig) -> RunResult:
             partial = st.get("partial")
             if scaler is not None and "scaler" in st:
                 scaler.load_state_dict(st["scaler"])
+        # Every rank reads the checkpoint itself (Horovod's optimizer-state broadcast would
+        # first take a weight-decay step on the ranks without state), so all must see the same one.
+        positions = dist.allgather_object((start_epoch, start_position))
+        if len(set(positions)) > 1:
+            raise GuideError(f"ranks found different checkpoints in {cfg.checkpoint_dir} ({sorted(set(positions))}); "
+                             "--checkpoint-dir must be on a filesystem every node shares")
         model, optimizer = dist.prepare(model, optimizer, fp16_allreduce=cfg.fp16_allreduce)
         schedule = {"peak_lr": peak_lr, "warmup": cfg.warmup, "warmup_epochs": cfg.warmup_epochs,
                     "warmup_start_lr": start_lr if cfg.warmup == "gradual" else None,
@@ -242,7 +248,11 @@ def train(cfg: TrainConfig) -> RunResult:
                   f"{where}; record {recorder.path}", flush=True)
 
         criterion = torch.nn.CrossEntropyLoss()
-        result = RunResult(run_name=run_name, record_path=recorder.path if recorder else None)
+        result = RunResult(run_name=run_name, record_path=recorder.path if recorder else None,
+                           completed_epochs=start_epoch)
+        if start_epoch >= cfg.epochs and dist.is_root:
+            print(f"[train] the checkpoint has already completed {start_epoch} epoch(s), --epochs is {cfg.epochs}: "
+                  "nothing to train (raise --epochs to continue)", flush=True)
         # Signals are caught only when there is somewhere to save: without a checkpoint
         # directory, SIGTERM keeps its default meaning (stop now).
         stop = _StopFlag()
