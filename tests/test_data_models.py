@@ -42,6 +42,15 @@ def test_corrupt_mnist1d_cache_is_regenerated(tmp_path):
         assert len(build_data("mnist1d", mnist1d_samples=600, cache_dir=tmp_path).train) == 480
 
 
+def test_digits_are_real_8x8_images_with_a_fixed_split():
+    a, b = build_data("digits", seed=0), build_data("digits", seed=5)
+    assert describe(a) == "digits: 1438 train / 359 val samples, 10 classes, input (1, 8, 8)"
+    x, y = a.val[0]
+    assert x.shape == (1, 8, 8) and 0 <= float(x.min()) and float(x.max()) <= 1 and y.dtype == torch.int64
+    assert torch.equal(a.val[10][0], b.val[10][0])  # the split does not move with the seed
+    assert sorted({int(a.train[i][1]) for i in range(len(a.train))}) == list(range(10))
+
+
 def test_image_folder_with_the_thesis_transforms(tmp_path):
     bundle = build_data(str(make_image_tree(tmp_path / "imgs")), image_size=32)
     assert bundle.num_classes == 2 and bundle.input_shape == (3, 32, 32)
@@ -84,6 +93,7 @@ def test_models_by_name():
     ("mnist1d_cnn", (3, 32, 32), "--data mnist1d"),
     ("small_resnet", (1, 40), "mnist1d_cnn"),
     ("resnet18", (1, 40), "mnist1d_cnn"),
+    ("resnet18", (1, 8, 8), "small_resnet"),
 ])
 def test_model_errors_are_one_line(name, shape, fragment):
     with pytest.raises(GuideError, match=fragment) as exc:

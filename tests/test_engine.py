@@ -220,3 +220,12 @@ def test_performance_switches_run_on_cpu(tmp_path):
     rows = [r for r in _records(tmp_path / "r") if r["type"] == "epoch"]
     assert rows[0]["images_per_second"] > 0
     assert _records(tmp_path / "r")[0]["config"]["amp"] == "bf16"
+
+
+@pytest.mark.slow
+def test_small_resnet_learns_the_digits(tmp_path):
+    proc = _run([*TRAIN, "--model", "small_resnet", "--data", "digits", "--epochs", "3", "--milestones", "30",
+                 "--per-worker-batch", "16", "--results-dir", "r"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in _records(tmp_path / "r") if r["type"] == "epoch"]
+    assert rows[-1]["val_top1_err"] < 50  # chance is 90%

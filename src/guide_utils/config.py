@@ -23,7 +23,7 @@ from .cli import GuideError
 class TrainConfig:
     # what is trained on what
     model: str = "resnet50"
-    data: str = "synthetic"  # "synthetic", "mnist1d" or an ImageFolder directory
+    data: str = "synthetic"  # "synthetic", "mnist1d", "digits" or an ImageFolder directory
     image_size: int = 224
     synthetic_size: int = 10240  # samples per synthetic "epoch" (per job, split over workers)
     mnist1d_samples: int = 20000

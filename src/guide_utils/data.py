@@ -6,6 +6,10 @@
 * ``mnist1d``: MNIST-1D (Greydanus, "Scaling down deep learning", 2020), a small real
   classification problem with enough samples for the large-batch effects to show on a CPU.
   It is *generated* (never downloaded) and cached as an .npz file.
+* ``digits``: scikit-learn's handwritten digits (1,797 real 8x8 images, shipped inside the
+  scikit-learn package): a real image-classification set that works offline, for the 2-D
+  models on a CPU. Too small for the large-batch experiments (only a few steps per epoch
+  at large batches); those use MNIST-1D.
 * a directory: ``DIR/train/<class>/*`` and ``DIR/val/<class>/*`` with the thesis's
   transforms (Appendix 5), the layout of the PyTorch-examples ImageNet script.
 """
@@ -104,12 +108,25 @@ def _tensors(x: np.ndarray, y: np.ndarray) -> TensorDataset:
     return TensorDataset(torch.as_tensor(x, dtype=torch.float32).unsqueeze(1), torch.as_tensor(y, dtype=torch.int64))
 
 
+def _digits() -> DataBundle:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.as_tensor(d.images / 16.0, dtype=torch.float32).unsqueeze(1)  # pixel values are 0..16
+    y = torch.as_tensor(d.target, dtype=torch.int64)
+    # A fixed split (not the run's seed): every run validates on the same 20%.
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    n_val = len(y) // 5
+    val, train = order[:n_val], order[n_val:]
+    return DataBundle("digits", TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]), 10, (1, 8, 8))
+
+
 def _image_folder(root: Path, image_size: int) -> DataBundle:
     from torchvision import datasets, transforms
 
     if not root.exists():
         raise GuideError(f"dataset directory {root} does not exist; pass --data DIR with DIR/train and DIR/val, "
-                         "or --data synthetic / mnist1d")
+                         "or --data synthetic, mnist1d or digits")
     if not root.is_dir():
         raise GuideError(f"--data {root} is not a directory; the ImageFolder layout is DIR/train/<class>/* and "
                          "DIR/val/<class>/*")
@@ -141,7 +158,7 @@ def _image_folder(root: Path, image_size: int) -> DataBundle:
 
 def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, synthetic_size: int = 1024,
                mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None) -> DataBundle:
-    """The datasets named by ``spec``: ``synthetic``, ``mnist1d`` or an ImageFolder directory."""
+    """The datasets named by ``spec``: ``synthetic``, ``mnist1d``, ``digits`` or an ImageFolder directory."""
     if spec == "synthetic":
         if synthetic_size <= 0:
             raise GuideError(f"--synthetic-size must be positive, got {synthetic_size}")
@@ -154,6 +171,8 @@ def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, syn
         a = _mnist1d_arrays(mnist1d_samples, seed, cache_dir)
         return DataBundle("mnist1d", _tensors(a["x"], a["y"]), _tensors(a["x_test"], a["y_test"]),
                           int(max(a["y"].max(), a["y_test"].max())) + 1, (1, a["x"].shape[1]))
+    if spec == "digits":
+        return _digits()
     return _image_folder(Path(spec), image_size)
 
 

@@ -68,7 +68,10 @@ def build_model(name: str, *, num_classes: int, input_shape: tuple[int, ...]) ->
     if name not in torchvision.models.list_models(module=torchvision.models):
         raise GuideError(f"unknown model {name!r}: use {', '.join(CUSTOM)}, or any torchvision "
                          "classification model, e.g. resnet50")
-    if one_d or input_shape[0] != 3:
-        raise GuideError(f"torchvision model {name} takes RGB images, but the data has shape {tuple(input_shape)} "
+    if one_d:
+        raise GuideError(f"torchvision model {name} takes RGB images, but the data is 1-D {tuple(input_shape)} "
                          "(mnist1d); use --model mnist1d_cnn with --data mnist1d")
+    if input_shape[0] != 3:
+        raise GuideError(f"torchvision model {name} takes RGB images, but the data has {input_shape[0]} channel(s) "
+                         f"{tuple(input_shape)}; use --model small_resnet, which takes any channel count")
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)

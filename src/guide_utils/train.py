@@ -45,8 +45,9 @@ def build_parser() -> ArgumentParser:
                    help="settings every other flag starts from (default: full)")
     g = p.add_argument_group("model and data")
     g.add_argument("--model", help="torchvision name (e.g. resnet50), small_resnet or mnist1d_cnn " + _defaults("model"))
-    g.add_argument("--data", help="synthetic (random ImageNet-shaped tensors), mnist1d (generated offline), or "
-                                  "a directory with train/ and val/ class folders " + _defaults("data"))
+    g.add_argument("--data", help="synthetic (random ImageNet-shaped tensors), mnist1d (generated offline), "
+                                  "digits (scikit-learn's 8x8 images), or a directory with train/ and val/ "
+                                  "class folders " + _defaults("data"))
     g.add_argument("--image-size", type=int, help="crop size for image data " + _defaults("image_size"))
     g.add_argument("--synthetic-size", type=int, help="samples per epoch with --data synthetic "
                    + _defaults("synthetic_size"))
