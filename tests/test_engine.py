@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,8 @@ LAUNCHERS = {
 
 
 def _launch(name: str, n: int, args: list[str]) -> list[str]:
+    if name == "horovod-mpi" and shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found: sudo apt-get install -y openmpi-bin libopenmpi-dev")
     dist = "ddp" if name.startswith("ddp") else "horovod"
     if name == "ddp-torchrun":
         return [*LAUNCHERS[name](n), "-m", "guide_utils.train", *TRAIN[3:], "--dist", dist, *args]
