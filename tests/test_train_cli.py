@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import make_image_tree
 
 PY = sys.executable
 TRAIN = [PY, "-m", "guide_utils.train", "--profile", "smoke", "--no-progress", "--epochs", "1"]
