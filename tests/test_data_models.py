@@ -1,6 +1,5 @@
 """Datasets and models by name, and their one-line errors."""
 
-from pathlib import Path
 
 import pytest
 import torch

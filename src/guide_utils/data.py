@@ -84,7 +84,7 @@ def _mnist1d_arrays(samples: int, seed: int, cache_dir: Path | None) -> dict[str
                 return arrays
         except Exception:  # noqa: BLE001 - any unreadable cache is regenerated
             pass
-        warnings.warn(f"MNIST-1D cache {path} is unreadable; generating it again")
+        warnings.warn(f"MNIST-1D cache {path} is unreadable; generating it again", stacklevel=3)
     args = get_dataset_args()
     args.num_samples, args.seed = samples, seed
     # make_dataset prints progress; keep rank output clean.

@@ -144,6 +144,12 @@ def read_runs(results_dir: Path | str, pattern: str = "*.jsonl") -> list[Run]:
     return [read_run(p) for p in sorted(results_dir.glob(pattern))]
 
 
+def _column(table, name: str):
+    import pandas as pd
+
+    return table[name].dropna() if name in table else pd.Series(dtype=float)
+
+
 def runs_table(runs: Iterable[Run] | Path | str):
     """One row per run: its settings and its best/final errors and mean throughput."""
     import pandas as pd
@@ -154,11 +160,11 @@ def runs_table(runs: Iterable[Run] | Path | str):
     for run in runs:
         row = {"run": run.name, **{k: run.config.get(k) for k in TABLE_CONFIG}}
         e = run.epochs
-        col = (lambda name: e[name].dropna() if name in e else pd.Series(dtype=float))
-        row.update(epochs_done=len(e), best_val_top1_err=col("val_top1_err").min(),
-                   final_val_top1_err=col("val_top1_err").iloc[-1] if len(col("val_top1_err")) else None,
-                   best_val_top5_err=col("val_top5_err").min(),
-                   mean_images_per_second=col("images_per_second").mean(),
-                   total_seconds=col("seconds").sum())
+        top1 = _column(e, "val_top1_err")
+        row.update(epochs_done=len(e), best_val_top1_err=top1.min(),
+                   final_val_top1_err=top1.iloc[-1] if len(top1) else None,
+                   best_val_top5_err=_column(e, "val_top5_err").min(),
+                   mean_images_per_second=_column(e, "images_per_second").mean(),
+                   total_seconds=_column(e, "seconds").sum())
         rows.append(row)
     return pd.DataFrame(rows)

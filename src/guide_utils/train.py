@@ -28,7 +28,9 @@ PROG = "python -m guide_utils.train"
 def _defaults(name: str) -> str:
     base = getattr(TrainConfig(), name)
     smoke = PROFILES["smoke"].get(name, base)
-    fmt = (lambda v: " ".join(map(str, v)) if isinstance(v, tuple) else str(v))
+    def fmt(v) -> str:
+        return " ".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
     return f"(full: {fmt(base)}; smoke: {fmt(smoke)})" if smoke != base else f"(default: {fmt(base)})"
 
 
