@@ -232,3 +232,19 @@ def test_small_resnet_learns_the_digits(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = [r for r in _records(tmp_path / "r") if r["type"] == "epoch"]
     assert rows[-1]["val_top1_err"] < 50  # chance is 90%
+
+
+@pytest.mark.slow
+def test_a_warning_during_start_up_still_ends_in_a_checkpoint(tmp_path):
+    """Slurm's USR1 can arrive while Python is still importing torch: the run must not die
+    of it (Python's default) but stop at its first step with a checkpoint and exit 75."""
+    cmd = [*TRAIN, "--epochs", "2", "--results-dir", "r", "--checkpoint-dir", "ckpt"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    time.sleep(0.5)  # inside the interpreter, long before the engine's own handler exists
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 75, f"{proc.returncode}\n{out}\n{err}"
+    assert list((tmp_path / "ckpt").glob("checkpoint-*.pt")), "no checkpoint saved"
+    resumed = _run([*cmd], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming checkpoint-epoch0000" in resumed.stdout

@@ -4,6 +4,9 @@ Commands:
   doctor    what this machine, this software stack and this Slurm job look like,
             and what in them will hurt distributed training
   sync-check  do N processes (Horovod or DDP) really end with the same weights?
+  rendezvous  HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
+  pack-dataset  write a real image dataset as a tar archive (the ImageFolder layout),
+            for the sbatch examples' stage-to-local-disk step
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from .cli import EXIT_USAGE
 COMMANDS = {
     "doctor": ("guide_utils.doctor", "main"),
     "sync-check": ("guide_utils.sync_check", "main"),
+    "pack-dataset": ("guide_utils.pack", "main"),
+    "rendezvous": ("guide_utils.slurm", "rendezvous_main"),
 }
 
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from .cli import ArgumentParser
+from .config import PROFILES, make_config
 from .slurm import SlurmJob
 
 # The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
@@ -265,10 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m guide_utils doctor",
                             description="Report the software stack, GPUs and Slurm job, and warn about "
                                         "misconfigurations. Exit status 1 when the stack cannot train.")
-    parser.add_argument("--loader-workers", type=int, default=DEFAULT_LOADER_WORKERS,
-                        help="DataLoader workers per task you plan to use (default %(default)s)")
+    parser.add_argument("--loader-workers", type=int, default=None,
+                        help=f"DataLoader workers per task you plan to use (default: the --profile's, "
+                             f"{DEFAULT_LOADER_WORKERS} for full)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full",
+                        help="training profile the job will run (sets the loader-worker default)")
     parser.add_argument("--json", action="store_true", help="print the facts and diagnosis as JSON")
     args = parser.parse_args(argv)
+    if args.loader_workers is None:
+        args.loader_workers = make_config(args.profile).loader_workers
     facts = gather(loader_workers=args.loader_workers)
     diagnosis = diagnose(facts)
     if args.json:

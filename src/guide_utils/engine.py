@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import GuideError
+from . import signals
 from .config import TrainConfig
 
 # Exit status of a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint: "try again"
@@ -51,7 +52,7 @@ class RunResult:
 class _StopFlag:
     """Set by SIGTERM/SIGUSR1 (what Slurm sends before the time limit with --signal)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = signals.SIGNALS
 
     def __init__(self):
         self.signum: int | None = None
@@ -61,6 +62,8 @@ class _StopFlag:
         with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+        # A signal during start-up (caught by signals.catch_early) stops at the first step.
+        self.signum = signals.take_early_signal()
         return self
 
     def _handle(self, signum, _frame):

@@ -146,3 +146,27 @@ class SlurmJob:
             "RANK": str(self.procid),
             "LOCAL_RANK": str(self.localid if self.localid is not None else 0),
         }
+
+
+def rendezvous_main(argv: list[str] | None = None) -> int:
+    """``python -m guide_utils rendezvous``: print ``HOST:PORT`` for this job's rendezvous.
+
+    For launchers that need it on their command line (``torchrun --rdzv-endpoint``), run in
+    the batch script; every node computes the same answer without talking to the others.
+    """
+    import sys
+
+    if argv:
+        print("python -m guide_utils rendezvous: error: takes no arguments (it reads SLURM_JOB_ID and "
+              "SLURM_JOB_NODELIST)", file=sys.stderr)
+        return 2
+    try:
+        job = SlurmJob.from_env()
+        if job is None:
+            raise ValueError("not inside a Slurm job (SLURM_JOB_ID is unset); run it in an sbatch script")
+        host, port = job.rendezvous()
+    except ValueError as exc:
+        print(f"python -m guide_utils rendezvous: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{host}:{port}")
+    return 0

@@ -20,6 +20,7 @@ import dataclasses
 import sys
 
 from .cli import ArgumentParser, one_line_errors
+from . import signals
 from .config import PROFILES, TrainConfig, make_config
 
 PROG = "python -m guide_utils.train"
@@ -95,6 +96,7 @@ def build_parser() -> ArgumentParser:
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
+    signals.catch_early()  # before the seconds of importing torch
     args = vars(build_parser().parse_args(argv))
     profile = args.pop("profile")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -1,0 +1,25 @@
+# shellcheck shell=bash disable=SC2034  # every value is read by slurm_examples/lib/guide.sh
+# This repository's CI and any laptop with a Slurm: CPUs only, Horovod over Gloo/MPI, the
+# smoke training profile, a real (tiny) image archive staged like ImageNet would be. The
+# tests start a two-node Slurm on the machine and submit every example with this profile.
+GUIDE_ACCOUNT=""
+GUIDE_PARTITION=""
+GUIDE_TASKS_PER_NODE=2
+GUIDE_CPUS_PER_TASK=1
+GUIDE_GPU_REQUEST=""
+GUIDE_SCRATCH=${GUIDE_CI_SCRATCH:-/tmp}/guide-scratch-$SLURM_JOB_ID
+GUIDE_SOFTWARE=venv
+GUIDE_VENV=$GUIDE_ROOT/.venv
+# python -m guide_utils pack-dataset digits data/digits.tar
+GUIDE_DATASET_ARCHIVE=${GUIDE_DATASET_ARCHIVE:-$GUIDE_ROOT/data/digits.tar}
+GUIDE_DATASET_NAME=digits
+GUIDE_TRAIN_PROFILE=smoke
+GUIDE_TRAIN_ARGS=(--model small_resnet --image-size 16)  # an image model for the image archive
+GUIDE_SRUN_MPI=pmix
+GUIDE_SBATCH_EXTRA=()
+# Two cores: one thread per process; CI runs as root, which OpenMPI refuses unless told.
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The tests' two Slurm "nodes" are one host: OpenMPI's shared-memory transport would mix
+# up the same local ranks of both nodes, so MPI talks over TCP (and self) only, and only on
+# the loopback interface the two "nodes" share (other interfaces here may not route).
+export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo

@@ -1,0 +1,20 @@
+# shellcheck shell=bash disable=SC2034  # every value is read by slurm_examples/lib/guide.sh
+# An illustrative layout for centres that request GPUs with --gpus-per-node and ship the
+# software as an Apptainer image (common on newer systems): 8 GPUs per node, node-local
+# NVMe at $LOCAL_SCRATCH, PMIx for srun. Every value is a placeholder for the numbers in
+# your centre's user guide; only this file changes between centres, never the scripts.
+GUIDE_ACCOUNT="my_project"
+GUIDE_PARTITION=gpu
+GUIDE_TASKS_PER_NODE=8
+GUIDE_CPUS_PER_TASK=8
+GUIDE_GPU_REQUEST="--gpus-per-node=%d"
+GUIDE_SCRATCH=$LOCAL_SCRATCH
+GUIDE_SOFTWARE=apptainer
+GUIDE_CONTAINER=$HOME/containers/guide.sif
+GUIDE_APPTAINER_FLAGS="--nv -B $LOCAL_SCRATCH"
+GUIDE_DATASET_ARCHIVE=/scratch/my_project/datasets/ilsvrc2012.tar
+GUIDE_DATASET_NAME=ilsvrc2012
+GUIDE_TRAIN_PROFILE=full
+GUIDE_TRAIN_ARGS=(--amp bf16 --channels-last)
+GUIDE_SRUN_MPI=pmix
+GUIDE_SBATCH_EXTRA=(--exclusive)
