@@ -177,3 +177,20 @@ def test_an_incomplete_site_profile_stops_before_anything_runs(jobs, tmp_path):
     assert (record["JobState"], record["ExitCode"]) == ("FAILED", "2:0")
     assert "does not set GUIDE_SCRATCH" in jobs.log() and "staging" not in jobs.log()
     assert not jobs.results.exists()
+
+
+# SlurmClusterResolver gives the tasks of every node the same ports (port base + local
+# index), which is right on real nodes; the tests' two "nodes" are one host, so the native
+# strategy runs on one of them (two workers) and Horovod on both (four).
+@pytest.mark.parametrize("script, dist, sbatch, workers", [
+    ("08_tensorflow_horovod.sbatch", "horovod", (), 4),
+    ("08_tensorflow_native.sbatch", "mwms", ("--nodes=1",), 2),
+])
+def test_tensorflow(jobs, script, dist, sbatch, workers):
+    jobs.wait_completed(jobs.submit(script, *sbatch))
+    (run,) = jobs.runs()
+    _finished(run)
+    assert (run.config["framework"], run.config["dist"], run.environment["workers"]) == ("tensorflow", dist, workers)
+    if dist == "horovod":
+        assert sorted(run.environment["slurm"]["nodes"]) == ["guide-n1", "guide-n2"]
+        assert len(run.summary["weights_digests"]) == 4

@@ -180,3 +180,23 @@ def describe(bundle: DataBundle) -> str:
     shape = ", ".join(map(str, bundle.input_shape))
     return (f"{bundle.name}: {len(bundle.train)} train / {len(bundle.val)} val samples, "
             f"{bundle.num_classes} classes, input ({shape})")
+
+
+def arrays(spec: str, *, mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None):
+    """The built-in real datasets as numpy arrays in channels-last layout, for frameworks
+    other than PyTorch (the TensorFlow door): ``(x_train, y_train, x_val, y_val)``.
+
+    Same samples and the same train/val split as ``build_data``: MNIST-1D as (N, 40, 1)
+    signals, digits as (N, 8, 8, 1) images scaled to 0..1.
+    """
+    if spec == "mnist1d":
+        if mnist1d_samples < 100:
+            raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
+        a = _mnist1d_arrays(mnist1d_samples, seed, cache_dir)
+        return (a["x"][..., None].astype(np.float32), a["y"].astype(np.int64),
+                a["x_test"][..., None].astype(np.float32), a["y_test"].astype(np.int64))
+    if spec == "digits":
+        b = _digits()
+        (xt, yt), (xv, yv) = b.train.tensors, b.val.tensors
+        return (xt.permute(0, 2, 3, 1).numpy(), yt.numpy(), xv.permute(0, 2, 3, 1).numpy(), yv.numpy())
+    raise GuideError(f"no array form of dataset {spec!r}; choose mnist1d or digits")

@@ -1,0 +1,63 @@
+"""``python -m guide_utils.train_tf``: the TensorFlow/Keras door, with the PyTorch engine's
+flags and run records.
+
+Laptop (CPU, seconds):
+    python -m guide_utils.train_tf --profile smoke
+    horovodrun -np 2 --gloo python -m guide_utils.train_tf --profile smoke --dist horovod
+
+Cluster (one task per GPU, inside an sbatch script):
+    srun --mpi=pmix python -m guide_utils.train_tf --data $TMPDIR/ilsvrc2012 --dist horovod --warmup gradual
+    srun python -m guide_utils.train_tf --dist mwms ...     # TensorFlow's MultiWorkerMirroredStrategy
+
+Flags that only the PyTorch engine has (--amp, --channels-last, --compile, --fp16-allreduce)
+are refused with one line. --dist takes none, horovod or mwms. Exit status: 0 done, 2 bad
+input (one line says what to fix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from .cli import one_line_errors
+from .config import TrainConfig, make_config
+
+PROG = "python -m guide_utils.train_tf"
+
+
+def build_parser():
+    from . import train
+
+    p = train.build_parser()
+    p.prog = PROG
+    p.description = ("The guide's TensorFlow door: Keras with Horovod or MultiWorkerMirroredStrategy, "
+                     "same flags and records as python -m guide_utils.train.\n\n"
+                     + __doc__.split("\n\n", 1)[1].rsplit("\n\nFlags that", 1)[0])
+    p.epilog = "Exit status: 0 done; 2 bad input."
+    for action in p._actions:
+        if action.dest == "dist":
+            action.choices = ["none", "horovod", "mwms"]
+            action.help = "horovod: start with horovodrun/mpirun/srun; mwms: TensorFlow's own, one srun task per worker"
+    return p
+
+
+@one_line_errors(PROG)
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter hides the one line that matters
+    args = vars(build_parser().parse_args(argv))
+    profile = args.pop("profile")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = make_config(profile, **{k: v for k, v in args.items() if k in fields})
+
+    import tensorflow as tf
+
+    from .tf_engine import train_tf
+
+    tf.get_logger().setLevel("ERROR")  # e.g. "callback slower than the batch" on tiny CPU batches
+    train_tf(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
