@@ -1,0 +1,229 @@
+"""The thesis's nine experiments as named, parameterised runs, at two scales.
+
+``python -m guide_utils.experiments list|run NAME --profile smoke|full [--index I] [--dry-run]``
+
+Every experiment is a list of runs, each a set of ``TrainConfig`` overrides plus the number
+of workers it needs. The ``full`` profile is the thesis's setting (ResNet-50, ImageNet,
+90 epochs, per-GPU batch 128 unless the experiment changes it, the GPU counts of its
+tables); ``--dry-run`` prints each run's submission through ``slurm_examples/`` and runs
+nothing. The ``smoke`` profile keeps the structure and shrinks the problem: MNIST-1D and
+its small CNN, and every thesis worker count k becomes a *global* batch of k x 32 trained
+by one process, so the learning-rate rule sees the same scaling factor k as on the cluster.
+One process with the global batch is an emulation: BatchNorm then normalises over the
+whole global batch instead of each worker's share (chapter 4 shows both ways agreeing).
+
+Throughput experiments (1-3) measure images/s on synthetic data for a few hundred
+iterations (the thesis's ``--num_batches=200``); quality experiments (4-9) train to the end.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cli import ArgumentParser, GuideError, one_line_errors
+from .config import make_config
+
+PROG = "python -m guide_utils.experiments"
+GPUS_PER_NODE = 4  # the thesis's nodes: four P100 each
+SMOKE_BATCH = 32  # smoke: the per-worker batch of "one thesis GPU"
+# Smoke quality runs: MNIST-1D with the settings of shared/notes/small-scale-quality.md
+# (base lr 0.05 at batch 32, drops at 50 % and 75 % of training), shortened to seconds.
+SMOKE_QUALITY = {"model": "mnist1d_cnn", "data": "mnist1d", "mnist1d_samples": 8000, "epochs": 10,
+                 "base_lr": 0.05, "base_batch": SMOKE_BATCH, "milestones": (5, 8), "loader_workers": 0}
+SMOKE_WARMUP = {5: 2, 10: 4}  # thesis warmup epochs -> smoke warmup epochs (same share of training)
+SMOKE_THROUGHPUT = {"model": "small_resnet", "data": "synthetic", "image_size": 32, "epochs": 1,
+                    "max_steps_per_epoch": 20, "throughput_warmup_iters": 5, "loader_workers": 0}
+FULL_THROUGHPUT = {"data": "synthetic", "epochs": 1, "max_steps_per_epoch": 200, "throughput_warmup_iters": 20}
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    workers: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    source: str  # where in the thesis
+    kind: str  # "throughput" or "quality"
+    grid: tuple[dict[str, Any], ...]  # per run: workers, per_worker_batch, dist, lr_scaling, warmup, warmup_epochs
+
+
+def _q(workers, lr_scaling="linear", warmup="none", warmup_epochs=5, per_worker_batch=128, **extra):
+    return {"workers": workers, "per_worker_batch": per_worker_batch, "lr_scaling": lr_scaling, "warmup": warmup,
+            "warmup_epochs": warmup_epochs, "dist": "none" if workers == 1 else "horovod", **extra}
+
+
+def _t(workers, per_worker_batch, dist="horovod"):
+    return {"workers": workers, "per_worker_batch": per_worker_batch, "dist": "none" if workers == 1 else dist}
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+    Experiment("exp1", "Throughput: single-GPU baseline", "thesis 5.1, Appendix 1", "throughput",
+               tuple(_t(1, b) for b in (32, 64, 128))),
+    Experiment("exp2", "Throughput: one node, Horovod vs PyTorch DDP", "thesis 5.2, Appendix 2", "throughput",
+               tuple(_t(w, b, d) for d in ("horovod", "ddp") for w in (2, 4) for b in (32, 64, 128))),
+    Experiment("exp3", "Throughput: many nodes", "thesis 5.3, Appendix 3", "throughput",
+               tuple(_t(w, b) for w in (8, 16, 24, 32) for b in (32, 64, 128))),
+    # PyTorch-examples defaults: lr 0.1 for any batch, drops every 30 epochs.
+    Experiment("exp4", "Quality: naive scaling (learning rate unchanged)", "thesis 5.4, Table 10", "quality",
+               tuple(_q(w, lr_scaling="none", milestones=(30, 60)) for w in (1, 2, 16, 24, 32))),
+    Experiment("exp5", "Quality: linear scaling rule, no warmup", "thesis 5.5, Table 11", "quality",
+               tuple(_q(w) for w in (1, 32))),
+    Experiment("exp6", "Quality: linear scaling + 5-epoch stepping warmup", "thesis 5.6, Table 12", "quality",
+               (_q(1),) + tuple(_q(w, warmup="stepping") for w in (8, 16, 24, 32))),
+    Experiment("exp7", "Quality: per-worker batch 32 on 32 GPUs", "thesis 5.7, Table 13", "quality",
+               (_q(32, warmup="stepping", per_worker_batch=32),)),
+    Experiment("exp8", "Quality: linear scaling + 5-epoch gradual warmup", "thesis 5.8, Table 14", "quality",
+               (_q(1),) + tuple(_q(w, warmup="gradual") for w in (16, 24, 32))),
+    Experiment("exp9", "Quality: linear scaling + 10-epoch gradual warmup", "thesis 5.9, Table 15", "quality",
+               tuple(_q(w, warmup="gradual", warmup_epochs=10) for w in (24, 32))),
+]}
+
+
+def runs(name: str, profile: str) -> list[Run]:
+    """The runs of experiment ``name`` at ``profile`` scale."""
+    if name not in EXPERIMENTS:
+        raise GuideError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)} "
+                         f"({PROG} list shows them)")
+    if profile not in ("smoke", "full"):
+        raise GuideError(f"unknown profile {profile!r}; choose smoke or full")
+    exp = EXPERIMENTS[name]
+    out = []
+    for point in exp.grid:
+        point = dict(point)
+        workers = point.pop("workers")
+        if exp.kind == "throughput":
+            base = FULL_THROUGHPUT if profile == "full" else SMOKE_THROUGHPUT
+            label = f"{workers} worker(s) x {point['per_worker_batch']} ({point['dist']})"
+        else:
+            base = {} if profile == "full" else SMOKE_QUALITY
+            warm = f", {point['warmup']} warmup {point['warmup_epochs']} ep" if point["warmup"] != "none" else ""
+            label = f"{workers} GPU(s) x {point['per_worker_batch']}, lr {point['lr_scaling']}{warm}"
+        settings = {**base, **point}
+        if profile == "smoke":
+            if exp.kind == "quality":
+                # k thesis GPUs -> one process with a global batch of k x 32 (see the module doc)
+                settings["per_worker_batch"] = SMOKE_BATCH * workers * point["per_worker_batch"] // 128
+                settings["warmup_epochs"] = SMOKE_WARMUP[point["warmup_epochs"]]
+                settings["milestones"] = SMOKE_QUALITY["milestones"]
+                settings["dist"] = "none"
+                workers = 1
+                label += f" -> smoke: global batch {settings['per_worker_batch']} in one process"
+            else:
+                workers = min(workers, 2)  # a laptop runs at most two processes
+                if workers == 1:
+                    settings["dist"] = "none"
+        out.append(Run(label, workers, settings))
+    return out
+
+
+def launch_command(name: str, run: Run, profile: str, index: int) -> str:
+    """How to start one run: the engine's command on a laptop, a submission on the cluster."""
+    if profile == "smoke":
+        train = "python -m guide_utils.train --profile smoke " + " ".join(_flags(run, keep_dist=True))
+        if run.workers == 1:
+            return train
+        if run.settings["dist"] == "ddp":
+            return train.replace("python -m guide_utils.train", f"torchrun --standalone --nproc-per-node {run.workers} "
+                                 "-m guide_utils.train", 1)
+        return f"horovodrun -np {run.workers} --gloo {train}"
+    if run.workers == 1:
+        return "slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch -- " + " ".join(_flags(run))
+    if run.workers <= GPUS_PER_NODE:
+        dist = "DIST=ddp " if run.settings["dist"] == "ddp" else ""
+        return (f"{dist}slurm_examples/submit.sh slurm_examples/02_single_node_data_parallel.sbatch "
+                f"--ntasks-per-node={run.workers} -- " + " ".join(_flags(run)))
+    nodes = math.ceil(run.workers / GPUS_PER_NODE)
+    return (f"slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch --nodes={nodes} -- "
+            + " ".join(_flags(run)))
+
+
+def _flags(run: Run, keep_dist: bool = False) -> list[str]:
+    # On the cluster the sbatch script chooses the launcher and --dist, the site the loaders.
+    skip = {"loader_workers"} | (set() if keep_dist else {"dist"})
+    out = []
+    for k, v in run.settings.items():
+        if k in skip:
+            continue
+        flag = "--" + k.replace("_", "-")
+        out += [flag, *map(str, v)] if isinstance(v, tuple) else [flag, shlex.quote(str(v))]
+    return out
+
+
+def plan(name: str, profile: str, index: int | None = None) -> list[tuple[int, Run, str]]:
+    all_runs = runs(name, profile)
+    if index is not None and not 0 <= index < len(all_runs):
+        raise GuideError(f"--index {index} is out of range: {name} has runs 0 to {len(all_runs) - 1}")
+    chosen = range(len(all_runs)) if index is None else [index]
+    return [(i, all_runs[i], launch_command(name, all_runs[i], profile, i)) for i in chosen]
+
+
+def _world_size() -> int:
+    import os
+
+    for var in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 1
+
+
+def execute(name: str, profile: str, index: int | None = None, **overrides: Any) -> list:
+    """Run the chosen runs through the engine; each writes its run record."""
+    from .engine import train
+
+    results = []
+    for i, run, command in plan(name, profile, index):
+        size = _world_size()
+        if size != run.workers:
+            raise GuideError(f"{name} run {i} ({run.label}) needs {run.workers} worker(s) but this launch has "
+                             f"{size}; start it as: {command}")
+        cfg = make_config("smoke" if profile == "smoke" else "full", **{**run.settings, **overrides},
+                          run_name=overrides.get("run_name") or f"{name}-{profile}-run{i}")
+        cfg.extra = {"experiment": name, "run_index": i, "label": run.label}
+        results.append(train(cfg))
+    return results
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the experiments and their runs")
+    r = sub.add_parser("run", help="run an experiment (or one of its runs with --index)")
+    r.add_argument("name", help="exp1 ... exp9")
+    r.add_argument("--profile", choices=["smoke", "full"], default="smoke")
+    r.add_argument("--index", type=int, help="only this run (0-based; for job arrays: $SLURM_ARRAY_TASK_ID)")
+    r.add_argument("--dry-run", action="store_true", help="print the runs and how to start each; run nothing")
+    r.add_argument("--results-dir", help="where the run records go (default: results)")
+    r.add_argument("--data", help="dataset (default: the profile's)")
+    return p
+
+
+@one_line_errors(PROG)
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "list":
+        for exp in EXPERIMENTS.values():
+            print(f"{exp.name}  {exp.title}  [{exp.source}]")
+            for i, run in enumerate(runs(exp.name, "full")):
+                print(f"    {i}: {run.label}")
+        return 0
+    if args.dry_run:
+        for i, run, command in plan(args.name, args.profile, args.index):
+            print(f"[{i}] {run.label}\n    {command}")
+        return 0
+    overrides = {k: v for k, v in (("results_dir", args.results_dir), ("data", args.data)) if v}
+    for result in execute(args.name, args.profile, args.index, **overrides):
+        print(f"[experiments] {result.run_name}: record {result.record_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
