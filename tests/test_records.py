@@ -81,3 +81,19 @@ def test_scalars_serialise(tmp_path):
     run = read_run(rec.path)
     assert run.config["milestones"] == [30, 60]
     assert run.epochs.iloc[0].to_dict() == {"epoch": 1, "loss": 0.5, "seconds": 1.5}
+
+
+def test_runs_starting_together_never_share_a_record(tmp_path, monkeypatch):
+    """Array tasks of one job often start in the same instant with the same settings: a
+    check-then-create would let both see the name free. Simulate exactly that (every
+    existence check says "free"); the name must still be taken by creating the file."""
+    from pathlib import Path
+
+    from guide_utils.records import RunRecorder
+
+    first = RunRecorder(tmp_path, "same", config={"i": 0})
+    monkeypatch.setattr(Path, "exists", lambda self: False)
+    second = RunRecorder(tmp_path, "same", config={"i": 1})
+    assert first.path != second.path
+    for r in (first, second):
+        assert r.path.read_text().count('"type": "config"') == 1

@@ -59,9 +59,14 @@ class RunRecorder:
             self._write({"type": "resume", "time": self._now()})
             return
         n = 1
-        while path.exists():  # someone's earlier run: keep it, pick the next free name
-            n += 1
-            path = results_dir / f"{run_name}-{n}.jsonl"
+        while True:  # someone's earlier run keeps its file: take the next free name
+            try:
+                # Exclusive create: two jobs of an array starting at once cannot both take a name.
+                with open(path, "x", encoding="utf-8"):
+                    break
+            except FileExistsError:
+                n += 1
+                path = results_dir / f"{run_name}-{n}.jsonl"
         self.path, self.run_name = path, path.stem
         self._write({"type": "config", "run": self.run_name, "time": self._now(), "config": config})
         if environment is not None:
