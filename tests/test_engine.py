@@ -57,6 +57,20 @@ def test_smoke_run_writes_a_record(tmp_path):
     assert rows[-1]["val_top1_err"] < 80
 
 
+def test_gradual_warmup_starts_at_the_warmup_start_batch_rate(tmp_path):
+    """One process emulating 8 workers of 32: warmup climbs from 32's rate, not 256's."""
+    from guide_utils.config import make_config
+    from guide_utils.engine import train
+
+    common = dict(epochs=3, per_worker_batch=256, base_lr=0.05, base_batch=32, warmup="gradual", warmup_epochs=2,
+                  milestones=(2,), progress=False)
+    emulated = train(make_config("smoke", **common, warmup_start_batch=32, results_dir=str(tmp_path / "a")))
+    # epoch starts: 0.05 (batch 32's rate), halfway to 0.4, then the drop at epoch 2
+    assert [e["lr"] for e in emulated.epochs] == pytest.approx([0.05, 0.225, 0.04])
+    plain = train(make_config("smoke", **common, results_dir=str(tmp_path / "b")))
+    assert [e["lr"] for e in plain.epochs] == pytest.approx([0.4, 0.4, 0.04])  # start = peak: no warmup at all
+
+
 def _run(cmd, cwd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=cwd, **kw)
 

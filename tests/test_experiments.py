@@ -91,6 +91,62 @@ def test_running_a_smoke_experiment_writes_one_record_per_run(tmp_path):
     records = read_runs(tmp_path)
     assert sorted(r.name for r in records) == [f"exp6-smoke-run{i}" for i in range(5)]
     for r in records:
-        assert len(r.epochs) == 10 and r.summary["completed_epochs"] == 10
+        assert len(r.epochs) == 20 and r.summary["completed_epochs"] == 20
     by_batch = {r.config["global_batch"]: r.config["peak_lr"] for r in records}
     assert by_batch == pytest.approx({32: 0.05, 256: 0.4, 512: 0.8, 768: 1.2, 1024: 1.6})
+
+
+def test_describe_names_what_each_full_run_trains():
+    from guide_utils.experiments import describe
+
+    [(_, run, _)] = plan("exp9", "full", 1)
+    assert describe(run, "full") == ("resnet50 on synthetic; 32 worker(s) x 128 = global batch 4096; "
+                                     "lr 1.6 (linear rule), gradual warmup 10 epochs; 90 epoch(s)")
+
+
+@pytest.mark.parametrize("launcher, head", [("horovodrun", ["-np", "2", "-H", "localhost:2", "--gloo"]),
+                                            ("torchrun", ["--standalone", "--nproc-per-node", "2"])])
+def test_local_launch_commands(launcher, head):
+    from guide_utils.launch import command
+
+    argv = command(launcher, 2, "guide_utils.train", ["--dist", "x"])
+    assert argv[0].endswith(launcher) and argv[1:1 + len(head)] == head and argv[-2:] == ["--dist", "x"]
+
+
+def test_unknown_launcher_and_mismatched_dist_are_refused(tmp_path):
+    from guide_utils.cli import GuideError
+    from guide_utils.experiments import launch
+    from guide_utils.launch import command
+
+    with pytest.raises(GuideError, match="unknown launcher"):
+        command("pdsh", 2, "guide_utils.train", [])
+    ddp = next(i for i, r, _ in plan("exp2", "smoke") if r.settings["dist"] == "ddp")
+    with pytest.raises(GuideError, match="torchrun"):
+        launch("exp2", ddp, "smoke", results_dir=str(tmp_path), launcher="horovodrun")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("dist", ["horovod", "ddp"])
+def test_launch_runs_a_two_worker_smoke_run(tmp_path, dist):
+    """What notebook 02 does: the catalogue's 2-worker run, started by its launcher, one record."""
+    from guide_utils.experiments import launch
+
+    index = next(i for i, r, _ in plan("exp2", "smoke") if r.settings["dist"] == dist and r.workers == 2)
+    path = launch("exp2", index, "smoke", results_dir=str(tmp_path))
+    [run] = read_runs(tmp_path)
+    assert run.path == path and run.config["workers"] == 2 and run.config["dist"] == dist
+    assert run.summary["ranks_agree"] and len(run.summary["weights_digests"]) == 2
+    assert run.epochs["images_per_second"].iloc[-1] > 0
+
+
+def test_emulated_gradual_warmup_starts_at_one_thesis_gpus_rate():
+    """One process standing in for k workers must not start its warmup at its own (k-fold) rate:
+    that would make gradual warmup a no-op. It starts where one of the k workers would."""
+    gradual = [(name, r) for name in EXPERIMENTS for r in runs(name, "smoke") if r.settings.get("warmup") == "gradual"]
+    assert gradual
+    for name, r in gradual:
+        cfg = make_config("smoke", **r.settings)
+        assert cfg.warmup_start_lr() == pytest.approx(0.05), name  # base lr 0.05 at batch 32
+        assert scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch) > 0.05 * 15

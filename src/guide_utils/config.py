@@ -35,6 +35,9 @@ class TrainConfig:
     lr_scaling: str = "linear"
     warmup: str = "none"
     warmup_epochs: int = 5
+    # Gradual warmup starts at the linearly scaled lr of this batch; None: the per-worker
+    # batch (one worker's lr, thesis Appendix 13). Set it when one process emulates k workers.
+    warmup_start_batch: int | None = None
     milestones: tuple[int, ...] = (30, 60, 80)
     gamma: float = 0.1
     momentum: float = 0.9
@@ -78,9 +81,19 @@ class TrainConfig:
         if self.warmup != "none" and self.milestones and self.warmup_epochs > min(self.milestones):
             raise GuideError(f"--warmup-epochs {self.warmup_epochs} must not exceed the first milestone "
                              f"{min(self.milestones)}: the learning-rate drop would happen during warmup")
+        if self.warmup_start_batch is not None and self.warmup_start_batch <= 0:
+            raise GuideError(f"--warmup-start-batch must be positive, got {self.warmup_start_batch}")
         if self.image_size < 8:
             raise GuideError(f"--image-size must be at least 8, got {self.image_size}")
         return self
+
+
+    def warmup_start_lr(self) -> float:
+        """Where gradual warmup starts: the lr the scaling rule gives ``warmup_start_batch``."""
+        from .scaling import scaled_lr
+
+        return scaled_lr(self.base_lr, self.base_batch, self.warmup_start_batch or self.per_worker_batch,
+                         rule=self.lr_scaling)
 
 
 PROFILES: dict[str, dict[str, Any]] = {

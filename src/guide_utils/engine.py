@@ -180,7 +180,7 @@ def train(cfg: TrainConfig) -> RunResult:
         gbatch = global_batch(cfg.per_worker_batch, workers)
         peak_lr = scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling)
         # Gradual warmup starts from the single-worker learning rate (thesis, Appendix 13).
-        start_lr = scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling)
+        start_lr = cfg.warmup_start_lr()
 
         train_sampler = ResumableSampler(bundle.train, num_replicas=workers, rank=dist.rank, seed=cfg.seed)
         steps_per_epoch = len(train_sampler) // cfg.per_worker_batch

@@ -22,6 +22,7 @@ import math
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .cli import ArgumentParser, GuideError, one_line_errors
@@ -31,10 +32,13 @@ PROG = "python -m guide_utils.experiments"
 GPUS_PER_NODE = 4  # the thesis's nodes: four P100 each
 SMOKE_BATCH = 32  # smoke: the per-worker batch of "one thesis GPU"
 # Smoke quality runs: MNIST-1D with the settings of shared/notes/small-scale-quality.md
-# (base lr 0.05 at batch 32, drops at 50 % and 75 % of training), shortened to seconds.
-SMOKE_QUALITY = {"model": "mnist1d_cnn", "data": "mnist1d", "mnist1d_samples": 8000, "epochs": 10,
-                 "base_lr": 0.05, "base_batch": SMOKE_BATCH, "milestones": (5, 8), "loader_workers": 0}
-SMOKE_WARMUP = {5: 2, 10: 4}  # thesis warmup epochs -> smoke warmup epochs (same share of training)
+# (base lr 0.05 at batch 32, drops at 50 % and 75 % of training). 20,000 samples give the
+# largest global batch (1024) 15 steps per epoch; with fewer, warmup has too few steps to
+# work and the runs show the size of the problem rather than the method (measured: 8,000
+# samples and 10 epochs left k = 32 with stepping warmup at 46 % error).
+SMOKE_QUALITY = {"model": "mnist1d_cnn", "data": "mnist1d", "mnist1d_samples": 20000, "epochs": 20,
+                 "base_lr": 0.05, "base_batch": SMOKE_BATCH, "milestones": (10, 15), "loader_workers": 0}
+SMOKE_WARMUP = {5: 5, 10: 10}  # the thesis's warmup epochs, kept (a larger share of 20 epochs than of 90)
 SMOKE_THROUGHPUT = {"model": "small_resnet", "data": "synthetic", "image_size": 32, "epochs": 1,
                     "max_steps_per_epoch": 20, "throughput_warmup_iters": 5, "loader_workers": 0}
 FULL_THROUGHPUT = {"data": "synthetic", "epochs": 1, "max_steps_per_epoch": 200, "throughput_warmup_iters": 20}
@@ -114,11 +118,16 @@ def runs(name: str, profile: str) -> list[Run]:
                 settings["per_worker_batch"] = SMOKE_BATCH * workers * point["per_worker_batch"] // 128
                 settings["warmup_epochs"] = SMOKE_WARMUP[point["warmup_epochs"]]
                 settings["milestones"] = SMOKE_QUALITY["milestones"]
+                if point["warmup"] == "gradual":
+                    # start where one thesis GPU's share would: one process is emulating k of them
+                    settings["warmup_start_batch"] = SMOKE_BATCH * point["per_worker_batch"] // 128
                 settings["dist"] = "none"
                 workers = 1
                 label += f" -> smoke: global batch {settings['per_worker_batch']} in one process"
             else:
-                workers = min(workers, 2)  # a laptop runs at most two processes
+                if workers > 2:  # a laptop runs at most two processes
+                    label += " -> smoke: 2 workers"
+                    workers = 2
                 if workers == 1:
                     settings["dist"] = "none"
         out.append(Run(label, workers, settings))
@@ -148,9 +157,13 @@ def launch_command(name: str, run: Run, profile: str, index: int) -> str:
 
 def _flags(run: Run, keep_dist: bool = False) -> list[str]:
     # On the cluster the sbatch script chooses the launcher and --dist, the site the loaders.
-    skip = {"loader_workers"} | (set() if keep_dist else {"dist"})
+    return train_flags(run.settings, skip={"loader_workers"} | (set() if keep_dist else {"dist"}))
+
+
+def train_flags(settings: dict[str, Any], skip: set[str] = frozenset()) -> list[str]:
+    """``python -m guide_utils.train`` flags for ``settings`` (TrainConfig fields)."""
     out = []
-    for k, v in run.settings.items():
+    for k, v in settings.items():
         if k in skip:
             continue
         flag = "--" + k.replace("_", "-")
@@ -164,6 +177,28 @@ def plan(name: str, profile: str, index: int | None = None) -> list[tuple[int, R
         raise GuideError(f"--index {index} is out of range: {name} has runs 0 to {len(all_runs) - 1}")
     chosen = range(len(all_runs)) if index is None else [index]
     return [(i, all_runs[i], launch_command(name, all_runs[i], profile, i)) for i in chosen]
+
+
+def describe(run: Run, profile: str) -> str:
+    """One line of what a run trains: model, data, workers x batch, learning rate, warmup, epochs."""
+    from .scaling import scaled_lr
+
+    cfg = make_config("smoke" if profile == "smoke" else "full", **run.settings)
+    gbatch = cfg.per_worker_batch * run.workers
+    lr = scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling)
+    warm = f"{cfg.warmup} warmup {cfg.warmup_epochs} epochs" if cfg.warmup != "none" else "no warmup"
+    steps = f", {cfg.max_steps_per_epoch} steps" if cfg.max_steps_per_epoch else ""
+    return (f"{cfg.model} on {cfg.data}; {run.workers} worker(s) x {cfg.per_worker_batch} = global batch {gbatch}; "
+            f"lr {lr:g} ({cfg.lr_scaling} rule), {warm}; {cfg.epochs} epoch(s){steps}")
+
+
+def print_plan(name: str, profile: str, index: int | None = None) -> None:
+    """What ``run`` would do: each run's label, settings and launch command (``--dry-run``)."""
+    exp = EXPERIMENTS[name] if name in EXPERIMENTS else None
+    chosen = plan(name, profile, index)
+    print(f"{name}: {exp.title} [{exp.source}], profile {profile}, {len(chosen)} run(s)")
+    for i, run, command in chosen:
+        print(f"[{i}] {run.label}\n    {describe(run, profile)}\n    $ {command}")
 
 
 def _world_size() -> int:
@@ -192,6 +227,33 @@ def execute(name: str, profile: str, index: int | None = None, **overrides: Any)
     return results
 
 
+def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = "results",
+           launcher: str | None = None):
+    """Run one run of ``name`` on this machine with as many processes as it needs; its record path.
+
+    One-worker runs train in this process; multi-worker runs start their workers with
+    ``launcher`` (default: ``horovodrun`` for Horovod runs, ``torchrun`` for DDP runs), each
+    worker running ``python -m guide_utils.experiments run NAME --index I``.
+    """
+    from . import launch as _launch
+    from .records import read_runs
+
+    [(i, run, _)] = plan(name, profile, index)
+    if run.workers == 1:  # no progress bar: in a notebook the per-epoch lines say enough
+        return execute(name, profile, index, results_dir=results_dir, progress=False)[0].record_path
+    launcher = launcher or ("torchrun" if run.settings["dist"] == "ddp" else "horovodrun")
+    if (launcher == "torchrun") != (run.settings["dist"] == "ddp"):
+        raise GuideError(f"{name} run {i} uses --dist {run.settings['dist']}: launch it with "
+                         f"{'torchrun' if run.settings['dist'] == 'ddp' else 'horovodrun or mpirun'}")
+    before = {r.path for r in read_runs(results_dir)} if Path(results_dir).is_dir() else set()
+    _launch.run(launcher, run.workers, "guide_utils.experiments",
+                ["run", name, "--profile", profile, "--index", str(i), "--results-dir", str(results_dir)])
+    new = [r.path for r in read_runs(results_dir) if r.path not in before]
+    if len(new) != 1:
+        raise GuideError(f"{name} run {i}: expected one new run record in {results_dir}, found {len(new)}")
+    return new[0]
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {i}: {run.label}")
         return 0
     if args.dry_run:
-        for i, run, command in plan(args.name, args.profile, args.index):
-            print(f"[{i}] {run.label}\n    {command}")
+        print_plan(args.name, args.profile, args.index)
         return 0
     overrides = {k: v for k, v in (("results_dir", args.results_dir), ("data", args.data)) if v}
     for result in execute(args.name, args.profile, args.index, **overrides):

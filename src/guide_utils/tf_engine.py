@@ -313,7 +313,7 @@ def train_tf(cfg: TrainConfig, callbacks: list | None = None):
     workers = dist.size
     gbatch = global_batch(cfg.per_worker_batch, workers)
     peak_lr = scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling)
-    start_lr = scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling)
+    start_lr = cfg.warmup_start_lr()
     local_batch = cfg.per_worker_batch if dist.kind != "mwms" else gbatch  # MWMS splits the global batch
     steps = data.train_size // local_batch
     if steps == 0:

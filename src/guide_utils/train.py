@@ -66,6 +66,9 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--warmup", choices=["none", "stepping", "gradual"],
                    help="stepping: thesis Appendix 9; gradual: Appendix 13 " + _defaults("warmup"))
     g.add_argument("--warmup-epochs", type=int, help=_defaults("warmup_epochs"))
+    g.add_argument("--warmup-start-batch", type=int,
+                   help="gradual warmup starts at the lr of this batch (default: the per-worker batch, "
+                        "i.e. one worker's lr; set it when one process emulates several workers)")
     g.add_argument("--milestones", type=int, nargs="+", help="epochs where lr is multiplied by --gamma "
                    + _defaults("milestones"))
     g.add_argument("--gamma", type=float, help=_defaults("gamma"))

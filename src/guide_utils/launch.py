@@ -1,0 +1,71 @@
+"""Start N worker processes on this machine with one of the launchers a cluster uses.
+
+Notebooks and ``experiments`` call this to run the multi-worker steps for real at laptop
+scale; on a cluster the sbatch scripts in ``slurm_examples/`` do the same with ``srun``.
+Each launcher starts ``python -m <module> <args>`` ``workers`` times:
+
+* ``horovodrun``: Horovod's own launcher, here over Gloo (no MPI needed);
+* ``mpirun``: OpenMPI, as in the thesis's sbatch scripts;
+* ``torchrun``: PyTorch's launcher for DDP (``--standalone``: rendezvous on this machine).
+
+>>> command("torchrun", 2, "guide_utils.train", ["--dist", "ddp"])[1:5]
+['--standalone', '--nproc-per-node', '2', '-m']
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .cli import GuideError
+
+LAUNCHERS = ("horovodrun", "mpirun", "torchrun")
+BIN = Path(sys.executable).parent
+
+
+def command(launcher: str, workers: int, module: str, args: list[str]) -> list[str]:
+    """The argv that starts ``workers`` copies of ``python -m module args``."""
+    python = [sys.executable, "-m", module, *args]
+    if launcher == "horovodrun":
+        return [str(BIN / "horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *python]
+    if launcher == "mpirun":
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            raise GuideError("mpirun not found; install OpenMPI (apt-get install openmpi-bin) or use horovodrun")
+        return [mpirun, "-np", str(workers), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
+                "-x", "OMP_NUM_THREADS", *python]
+    if launcher == "torchrun":
+        return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(workers), "-m", module, *args]
+    raise GuideError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # workers must find this environment's python
+    env.setdefault("OMP_NUM_THREADS", "1")  # two workers on two cores: one thread each
+    if os.geteuid() == 0:  # OpenMPI refuses root unless told twice (containers, CI)
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def run(launcher: str, workers: int, module: str, args: list[str], *, timeout: float = 900,
+        echo: str | None = "[train]") -> subprocess.CompletedProcess:
+    """Launch and wait; print rank 0's lines that start with ``echo``; one-line error on failure."""
+    argv = command(launcher, workers, module, args)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=environment(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GuideError(f"{launcher} with {workers} workers did not finish in {timeout:.0f} s") from None
+    if echo:
+        for line in proc.stdout.splitlines():
+            # horovodrun prefixes "[0]<stdout>:"; rank 0 alone prints under mpirun and torchrun
+            text = line.split(">:", 1)[1] if line.startswith("[") and ">:" in line[:16] else line
+            if text.startswith(echo) and not line.startswith("[1]"):
+                print(text, flush=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+        raise GuideError(f"{launcher} with {workers} workers exited {proc.returncode}: {tail}")
+    return proc

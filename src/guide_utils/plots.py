@@ -1,0 +1,148 @@
+"""The guide's figures, drawn the same way in every notebook: the reader's runs beside the thesis's.
+
+Every function takes a matplotlib ``Axes`` (or makes one) and tables from ``records``,
+``seeds`` or ``sweep``; none runs anything. ``hardware_label()`` is what figures say they
+were measured on: numbers from this laptop say nothing about a GPU cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+METHOD_STYLE = {"baseline": ("k", "--"), "naive": ("tab:red", "o-"), "linear": ("tab:orange", "s-"),
+                "linear+warmup": ("tab:green", "^-")}
+
+
+def hardware_label() -> str:
+    """CPU model, cores, threads and GPU of this machine, for figure titles and recorded data."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {os.cpu_count()} cores, {gpu}"
+
+
+def _axes(ax, figsize=(6, 3.5)):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def throughput_vs_batch(table, *, label: str, ax=None, x="per_worker_batch", y="images_per_second", **style):
+    """Images/s against per-worker batch, one line (thesis experiment 1 / figure 11 style)."""
+    ax = _axes(ax)
+    rows = table.sort_values(x)
+    ax.plot(rows[x], rows[y], style.pop("fmt", "o-"), label=label, **style)
+    ax.set_xlabel("per-worker batch")
+    ax.set_ylabel("images/s")
+    ax.set_xticks(sorted(rows[x].unique()))
+    ax.set_ylim(bottom=0)  # ratios, not offsets: a cut axis would exaggerate small differences
+    return ax
+
+
+def scaling_panels(curves: dict, *, axes=None, ideal_up_to: int | None = None):
+    """Speedup and scaling efficiency against workers (thesis figures 14-17).
+
+    ``curves`` maps a label to a table with ``gpus`` and ``images_per_second`` that includes
+    its own 1-worker row: every curve is measured against its own baseline.
+    """
+    import matplotlib.pyplot as plt
+
+    from .scaling import efficiency, speedup
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    top = 1
+    for label, table in curves.items():
+        rows = table.sort_values("gpus")
+        base = rows.loc[rows["gpus"] == 1, "images_per_second"]
+        if base.empty:
+            raise ValueError(f"{label}: no 1-worker row to measure speedup against")
+        b = float(base.iloc[0])
+        s = [speedup(t, b) for t in rows["images_per_second"]]
+        e = [100 * efficiency(t, b, int(g)) for t, g in zip(rows["images_per_second"], rows["gpus"])]
+        axes[0].plot(rows["gpus"], s, "o-", label=label)
+        axes[1].plot(rows["gpus"], e, "o-", label=label)
+        top = max(top, int(rows["gpus"].max()))
+    top = ideal_up_to or top
+    axes[0].plot([1, top], [1, top], ":", color="grey", label="ideal")
+    axes[1].axhline(100, ls=":", color="grey")
+    axes[0].set(xlabel="workers (GPUs)", ylabel="speedup over 1 worker")
+    axes[1].set(xlabel="workers (GPUs)", ylabel="scaling efficiency (%)", ylim=(0, 110))
+    axes[0].legend(fontsize=8)
+    return axes
+
+
+def quality_vs_k(summary, *, table=None, ax=None, metric="best_val_top1_err",
+                 metric_label="best top-1 validation error (%)"):
+    """Error against the scaling factor k per method, mean with a standard-deviation bar.
+
+    ``summary`` comes from ``sweep.summarise``; its k = 1 ``baseline`` row becomes a band.
+    With ``table`` (the sweep's runs) every seed is drawn too. The error axis is
+    logarithmic, so a diverged run does not flatten the differences that matter.
+    """
+    ax = _axes(ax, figsize=(6.5, 4))
+    ax.set_yscale("log", nonpositive="clip")
+    base = summary[summary["method"] == "baseline"]
+    if not base.empty:
+        m, s = float(base["mean"].iloc[0]), float(base["std"].fillna(0).iloc[0])
+        ax.axhspan(m - s, m + s, color="grey", alpha=0.2)
+        ax.axhline(m, color="k", ls="--", label=f"baseline k=1 ({m:.2f}%)")
+    for method, rows in summary[summary["method"] != "baseline"].groupby("method", sort=False):
+        color, fmt = METHOD_STYLE.get(method, (None, "o-"))
+        rows = rows.sort_values("k")
+        ax.errorbar(rows["k"], rows["mean"], yerr=rows["std"].fillna(0), fmt=fmt, color=color, capsize=3,
+                    label=method)
+        if table is not None:
+            seeds = table[table["method"] == method]
+            ax.scatter(seeds["k"], seeds[metric], color=color, alpha=0.35, s=12)
+    ax.set_xscale("log", base=2)
+    ks = sorted(summary["k"].unique())
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("scaling factor k (global batch = k x base batch)")
+    ax.set_ylabel(metric_label)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def lr_schedules(schedules: dict, *, epochs: int, steps_per_epoch: int = 20, ax=None):
+    """Learning rate against (fractional) epoch for each named ``lr_at`` schedule."""
+    from .schedules import lr_at
+
+    ax = _axes(ax, figsize=(7, 3.5))
+    xs = [i / steps_per_epoch for i in range(epochs * steps_per_epoch)]
+    for label, schedule in schedules.items():
+        ax.plot(xs, [lr_at(x, **schedule) for x in xs], label=label)
+    ax.set(xlabel="epoch", ylabel="learning rate")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def error_curves(runs: dict, *, column: str = "val_top1_err", ax=None):
+    """Per-epoch curves of several run records (the thesis's figures 18-26)."""
+    ax = _axes(ax)
+    for label, run in runs.items():
+        ax.plot(run.epochs["epoch"], run.epochs[column], label=label)
+    ax.set(xlabel="epoch", ylabel=column.replace("_", " ") + " (%)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def batch_axis(ax, batches, *, ylabel: str = "best top-1 validation error (%)"):
+    """A log2 global-batch axis ticked at exactly the batches that were run."""
+    batches = sorted(int(b) for b in set(batches))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set(xlabel="global batch", ylabel=ylabel)
+    return ax

@@ -1,0 +1,68 @@
+"""The source documents' results as data: the thesis's tables 1-15 and the other seeds' headlines.
+
+The CSV files in ``seed_data/`` were extracted from the thesis text by
+``scripts/extract_seed_tables.py``; the first line of each names its table, section and
+experiment. Notebooks draw these next to the reader's own run records.
+
+>>> thesis_table(12).query("gpus == 32")[["lr", "global_batch", "top1_acc"]].values.tolist()[0]
+[1.6, 4096.0, 74.662]
+>>> round(thesis_table(14).attrs["experiment"])
+8
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+from .cli import GuideError
+
+TABLES = range(1, 16)
+# Which table holds which experiment's results, by framework (thesis sections 5.1-5.9).
+THROUGHPUT_TABLES = {"tensorflow": (1, 4, 7), "pytorch": (2, 5, 8), "horovod_pytorch": (3, 6, 9)}
+QUALITY_TABLES = {4: 10, 5: 11, 6: 12, 7: 13, 8: 14, 9: 15}
+
+
+def _read(name: str):
+    import pandas as pd
+
+    path = resources.files(__package__) / "seed_data" / name
+    with path.open(encoding="utf-8") as fh:
+        caption = fh.readline().lstrip("# ").strip()
+        table = pd.read_csv(fh)
+    table.attrs["source"] = caption
+    return table
+
+
+def thesis_table(n: int):
+    """Thesis table ``n`` (1-15) as a DataFrame; ``.attrs`` carry its caption and experiment."""
+    if n not in TABLES:
+        raise GuideError(f"the thesis has result tables 1 to 15, not {n}")
+    table = _read(f"thesis_table_{n:02d}.csv")
+    m = re.match(r"thesis Table \d+ \(section ([\d.]+), experiment (\d+)\): (.*)", table.attrs["source"])
+    table.attrs.update(section=m.group(1), experiment=int(m.group(2)), caption=m.group(3))
+    return table
+
+
+def thesis_throughput(framework: str = "horovod_pytorch"):
+    """Experiments 1-3 for one framework in one table: gpus, per_worker_batch, images_per_second."""
+    import pandas as pd
+
+    if framework not in THROUGHPUT_TABLES:
+        raise GuideError(f"unknown framework {framework!r}; choose from {', '.join(THROUGHPUT_TABLES)}")
+    parts = [thesis_table(n).assign(table=n) for n in THROUGHPUT_TABLES[framework]]
+    return pd.concat(parts, ignore_index=True).sort_values(["per_worker_batch", "gpus"], ignore_index=True)
+
+
+def thesis_quality(experiment: int):
+    """The result table of quality experiment 4-9, with top-1 validation error added."""
+    if experiment not in QUALITY_TABLES:
+        raise GuideError(f"quality experiments are 4 to 9, not {experiment}")
+    table = thesis_table(QUALITY_TABLES[experiment])
+    table["top1_err"] = (100 - table["top1_acc"]).round(3)
+    return table
+
+
+def other_seeds():
+    """Headline numbers of the ARIS, Summit and SLICES documents, one row each."""
+    return _read("other_seeds.csv")

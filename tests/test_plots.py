@@ -1,0 +1,45 @@
+"""The figures draw what they are given: the thesis's speedups, the sweep's means and seeds."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from guide_utils import plots, seeds, sweep  # noqa: E402
+
+
+def test_scaling_panels_draw_each_curve_against_its_own_baseline():
+    t = seeds.thesis_throughput("horovod_pytorch").query("per_worker_batch == 128")
+    speed_ax, eff_ax = plots.scaling_panels({"thesis": t})
+    x, y = speed_ax.lines[0].get_data()
+    assert list(x) == [1, 2, 4, 8, 16, 24, 32] and y[-1] == pytest.approx(6104.32 / 207.79)
+    assert eff_ax.lines[0].get_data()[1][-1] == pytest.approx(100 * 6104.32 / 207.79 / 32)
+    with pytest.raises(ValueError, match="no 1-worker row"):
+        plots.scaling_panels({"no baseline": t[t["gpus"] > 1]})
+
+
+def test_quality_figure_draws_means_spreads_and_every_seed():
+    table = sweep.recorded()
+    summary = sweep.summarise(table)
+    ax = plots.quality_vs_k(summary, table=table)
+    assert ax.get_yscale() == "log"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[0].startswith("baseline k=1") and set(labels[1:]) == {"naive", "linear", "linear+warmup"}
+    assert sum(len(c.get_offsets()) for c in ax.collections if hasattr(c, "get_offsets")) >= 36  # 36 seeds
+
+
+def test_lr_schedules_follow_lr_at():
+    ax = plots.lr_schedules({"gradual": {"peak_lr": 1.6, "warmup": "gradual", "warmup_start_lr": 0.05}},
+                            epochs=6, steps_per_epoch=2)
+    x, y = ax.lines[0].get_data()
+    assert y[0] == pytest.approx(0.05) and y[list(x).index(5.0)] == pytest.approx(1.6)
+
+
+def test_throughput_axis_starts_at_zero():
+    ax = plots.throughput_vs_batch(pd.DataFrame({"per_worker_batch": [32, 128], "images_per_second": [900, 1000]}),
+                                   label="x")
+    assert ax.get_ylim()[0] == 0
