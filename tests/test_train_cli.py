@@ -42,6 +42,7 @@ CASES = {
     "batch larger than the data": (["--per-worker-batch", "100000"], ["--per-worker-batch 100000"]),
     "not a number": (["--base-lr", "fast"], ["--base-lr"]),
     "missing dataset": (["--data", "no/such/dir", "--model", "small_resnet"], ["no/such/dir"]),
+    "warmup start batch zero": (["--warmup-start-batch", "0"], ["--warmup-start-batch", "0"]),
 }
 
 

@@ -157,17 +157,18 @@ def launch_command(name: str, run: Run, profile: str, index: int) -> str:
 
 def _flags(run: Run, keep_dist: bool = False) -> list[str]:
     # On the cluster the sbatch script chooses the launcher and --dist, the site the loaders.
-    return train_flags(run.settings, skip={"loader_workers"} | (set() if keep_dist else {"dist"}))
+    flags = train_flags(run.settings, skip={"loader_workers"} | (set() if keep_dist else {"dist"}))
+    return [shlex.quote(f) for f in flags]  # printed as a shell command
 
 
 def train_flags(settings: dict[str, Any], skip: set[str] = frozenset()) -> list[str]:
-    """``python -m guide_utils.train`` flags for ``settings`` (TrainConfig fields)."""
+    """``python -m guide_utils.train`` flags for ``settings`` (TrainConfig fields), as argv items."""
     out = []
     for k, v in settings.items():
         if k in skip:
             continue
         flag = "--" + k.replace("_", "-")
-        out += [flag, *map(str, v)] if isinstance(v, tuple) else [flag, shlex.quote(str(v))]
+        out += [flag, *map(str, v)] if isinstance(v, tuple) else [flag, str(v)]
     return out
 
 
@@ -194,8 +195,8 @@ def describe(run: Run, profile: str) -> str:
 
 def print_plan(name: str, profile: str, index: int | None = None) -> None:
     """What ``run`` would do: each run's label, settings and launch command (``--dry-run``)."""
-    exp = EXPERIMENTS[name] if name in EXPERIMENTS else None
-    chosen = plan(name, profile, index)
+    chosen = plan(name, profile, index)  # raises for an unknown name or index
+    exp = EXPERIMENTS[name]
     print(f"{name}: {exp.title} [{exp.source}], profile {profile}, {len(chosen)} run(s)")
     for i, run, command in chosen:
         print(f"[{i}] {run.label}\n    {describe(run, profile)}\n    $ {command}")

@@ -16,7 +16,7 @@ METHOD_STYLE = {"baseline": ("k", "--"), "naive": ("tab:red", "o-"), "linear": (
 
 
 def hardware_label() -> str:
-    """CPU model, cores, threads and GPU of this machine, for figure titles and recorded data."""
+    """CPU model, cores and GPU of this machine, for figure titles and recorded data."""
     import torch
 
     cpu = platform.processor() or platform.machine()

@@ -13,8 +13,11 @@ samples, 20 epochs, base lr 0.05 at batch 32, drops at 50 % and 75 % of training
 epochs. Quality is the best top-1 validation error over the epochs, as the thesis reports it.
 
 ``python -m guide_utils.sweep run [--ks 4 8 16 32] [--seeds 0 1 2] [--out FILE.csv]`` trains
-every point (about 2 minutes per seed on two CPU cores) and writes one run record per point
-plus a CSV of the results; ``summary FILE.csv`` prints the table of means and spreads.
+every point and writes one run record per point plus a CSV of the results; ``summary
+FILE.csv`` prints the table of means and spreads. On two otherwise idle CPU cores a k = 1
+run takes about 30 s and the others about 10 s each; the ``seconds`` column records each
+run's wall time under whatever else the machine was doing (the committed sweep shared it
+with other jobs for part of its 24 minutes).
 """
 
 from __future__ import annotations
@@ -75,13 +78,12 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     """Train one point through the engine; returns its row of the results table."""
     from .config import make_config
     from .engine import train
+    from .scaling import scaled_lr
 
     cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))
     cfg.extra = {"sweep": {"k": point.k, "method": point.method, "seed": point.seed}}
     result = train(cfg)
     errs = [e["val_top1_err"] for e in result.epochs]
-    from .scaling import scaled_lr
-
     return {"k": point.k, "method": point.method, "seed": point.seed, "global_batch": cfg.per_worker_batch,
             "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
             "best_val_top1_err": round(min(errs), 3), "final_val_top1_err": round(errs[-1], 3),
