@@ -6,7 +6,7 @@ For each per-worker batch (default 32, 64, 128) it trains the same model on the 
 synthetic images for --steps iterations with TensorFlow/Keras and then with PyTorch, in this
 one process (or in every process of a horovodrun/mpirun/srun launch with --dist horovod),
 excludes the first --warmup iterations from the timing, and prints tf_cnn_benchmarks' own
-summary line (``total images/sec: ...``, which guide_utils.logs reads) per framework and the
+summary line (``total images/sec: ...``, which guide_utils.results.logs reads) per framework and the
 TensorFlow/PyTorch ratio. Every measurement is also a run record in --results-dir, the same
 format as every other run, so one plot compares them (notebook 08).
 
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                                                             "SLURM_NTASKS") if os.environ.get(v)), 1))
 
     from guide_utils.engine import train
-    from guide_utils.tf_engine import train_tf
+    from guide_utils.tensorflow.engine import train_tf
 
     runners = {"tensorflow": train_tf, "pytorch": train}
     with tempfile.TemporaryDirectory() as tmp:

@@ -42,8 +42,8 @@ def hand_rate(args) -> float:
     import torch
     from torch.utils.data import DataLoader
 
-    from guide_utils.data import build_data
-    from guide_utils.models import build_model
+    from guide_utils.engine.data import build_data
+    from guide_utils.engine.models import build_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)

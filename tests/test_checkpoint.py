@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from guide_utils import checkpoint
-from guide_utils.cli import GuideError
+from guide_utils.engine import checkpoint
+from guide_utils.errors import GuideError
 
 
 def _state(value: float, model: str = "m"):

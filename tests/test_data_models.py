@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import make_image_tree
-from guide_utils.cli import GuideError
-from guide_utils.data import build_data, describe
-from guide_utils.models import build_model
+from guide_utils.errors import GuideError
+from guide_utils.engine.data import build_data, describe
+from guide_utils.engine.models import build_model
 
 
 def test_synthetic_is_deterministic_and_imagenet_shaped():

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from guide_utils.doctor import Facts, diagnose, render
-from guide_utils.slurm import SlurmJob
+from guide_utils.cluster.doctor import Facts, diagnose, render
+from guide_utils.cluster.slurm import SlurmJob
 
 HEALTHY_HOROVOD = {
     "horovod": "0.28.1",

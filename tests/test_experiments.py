@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from guide_utils.config import make_config
-from guide_utils.experiments import EXPERIMENTS, plan, runs
-from guide_utils.records import read_runs
+from guide_utils.studies.experiments import EXPERIMENTS, plan, runs
+from guide_utils.results.records import read_runs
 from guide_utils.scaling import global_batch, scaled_lr
 
 
@@ -55,7 +55,7 @@ def test_smoke_keeps_the_scaling_factor_of_every_run():
 
 
 def test_dry_run_prints_submissions_through_the_examples():
-    out = subprocess.run([sys.executable, "-m", "guide_utils.experiments", "run", "exp6", "--profile", "full",
+    out = subprocess.run([sys.executable, "-m", "guide_utils", "experiments", "run", "exp6", "--profile", "full",
                           "--dry-run"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch --nodes=8 -- " in out.stdout
@@ -70,13 +70,13 @@ def test_dry_run_prints_submissions_through_the_examples():
     (["run", "exp6", "--profile", "huge"], "argument --profile: invalid choice"),
 ])
 def test_bad_input_is_one_line(args, message):
-    out = subprocess.run([sys.executable, "-m", "guide_utils.experiments", *args], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "guide_utils", "experiments", *args], capture_output=True, text=True)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr
 
 
 def test_a_cluster_run_refuses_a_launch_of_the_wrong_size(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "guide_utils.experiments", "run", "exp6", "--profile", "full",
+    out = subprocess.run([sys.executable, "-m", "guide_utils", "experiments", "run", "exp6", "--profile", "full",
                           "--index", "4", "--results-dir", str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 2
     assert "needs 32 worker(s) but this launch has 1; start it as: slurm_examples/submit.sh" in out.stderr
@@ -85,7 +85,7 @@ def test_a_cluster_run_refuses_a_launch_of_the_wrong_size(tmp_path):
 
 @pytest.mark.slow
 def test_running_a_smoke_experiment_writes_one_record_per_run(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "guide_utils.experiments", "run", "exp6", "--profile", "smoke",
+    out = subprocess.run([sys.executable, "-m", "guide_utils", "experiments", "run", "exp6", "--profile", "smoke",
                           "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     records = read_runs(tmp_path)
@@ -97,7 +97,7 @@ def test_running_a_smoke_experiment_writes_one_record_per_run(tmp_path):
 
 
 def test_describe_names_what_each_full_run_trains():
-    from guide_utils.experiments import describe
+    from guide_utils.studies.experiments import describe
 
     [(_, run, _)] = plan("exp9", "full", 1)
     assert describe(run, "full") == ("resnet50 on synthetic; 32 worker(s) x 128 = global batch 4096; "
@@ -107,16 +107,16 @@ def test_describe_names_what_each_full_run_trains():
 @pytest.mark.parametrize("launcher, head", [("horovodrun", ["-np", "2", "-H", "localhost:2", "--gloo"]),
                                             ("torchrun", ["--standalone", "--nproc-per-node", "2"])])
 def test_local_launch_commands(launcher, head):
-    from guide_utils.launch import command
+    from guide_utils.cluster.launch import command
 
     argv = command(launcher, 2, "guide_utils.train", ["--dist", "x"])
     assert argv[0].endswith(launcher) and argv[1:1 + len(head)] == head and argv[-2:] == ["--dist", "x"]
 
 
 def test_unknown_launcher_and_mismatched_dist_are_refused(tmp_path):
-    from guide_utils.cli import GuideError
-    from guide_utils.experiments import launch
-    from guide_utils.launch import command
+    from guide_utils.errors import GuideError
+    from guide_utils.studies.experiments import launch
+    from guide_utils.cluster.launch import command
 
     with pytest.raises(GuideError, match="unknown launcher"):
         command("pdsh", 2, "guide_utils.train", [])
@@ -131,7 +131,7 @@ def test_unknown_launcher_and_mismatched_dist_are_refused(tmp_path):
 @pytest.mark.parametrize("dist", ["horovod", "ddp"])
 def test_launch_runs_a_two_worker_smoke_run(tmp_path, dist):
     """What notebook 02 does: the catalogue's 2-worker run, started by its launcher, one record."""
-    from guide_utils.experiments import launch
+    from guide_utils.studies.experiments import launch
 
     index = next(i for i, r, _ in plan("exp2", "smoke") if r.settings["dist"] == dist and r.workers == 2)
     path = launch("exp2", index, "smoke", results_dir=str(tmp_path))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from guide_utils.logs import (LogFormatError, parse_log, parse_pytorch_log, parse_tf_cnn_benchmarks_log,
+from guide_utils.results.logs import (LogFormatError, parse_log, parse_pytorch_log, parse_tf_cnn_benchmarks_log,
                               throughput_from_pytorch_log)
 
 DATA = Path(__file__).parent / "data"

@@ -1,6 +1,6 @@
 """Two real worker processes per launcher must end a few SGD steps with identical weights.
 
-Each rank starts from its own random weights and its own data (guide_utils.sync_check), so
+Each rank starts from its own random weights and its own data (guide_utils.cluster.sync_check), so
 identical final weights prove the broadcast and the gradient averaging happened. The tests
 also check that two distinct processes ran, so a launcher that silently started one
 process cannot pass.

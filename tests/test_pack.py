@@ -10,8 +10,8 @@ import tarfile
 
 import pytest
 
-from guide_utils.data import build_data
-from guide_utils.pack import pack_digits
+from guide_utils.engine.data import build_data
+from guide_utils.cluster.pack import pack_digits
 
 
 def test_the_digits_archive_has_the_imagefolder_layout_and_the_same_split(tmp_path):

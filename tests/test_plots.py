@@ -9,11 +9,12 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from guide_utils import plots, seeds, sweep  # noqa: E402
+from guide_utils.results import plots, sources
+from guide_utils.studies import sweep  # noqa: E402
 
 
 def test_scaling_panels_draw_each_curve_against_its_own_baseline():
-    t = seeds.thesis_throughput("horovod_pytorch").query("per_worker_batch == 128")
+    t = sources.thesis_throughput("horovod_pytorch").query("per_worker_batch == 128")
     speed_ax, eff_ax = plots.scaling_panels({"thesis": t})
     x, y = speed_ax.lines[0].get_data()
     assert list(x) == [1, 2, 4, 8, 16, 24, 32] and y[-1] == pytest.approx(6104.32 / 207.79)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from guide_utils.cli import GuideError
-from guide_utils.records import RunRecorder, read_run, read_runs, runs_table
+from guide_utils.errors import GuideError
+from guide_utils.results.records import RunRecorder, read_run, read_runs, runs_table
 
 
 def _run(d, name="r", **config):
@@ -89,7 +89,7 @@ def test_runs_starting_together_never_share_a_record(tmp_path, monkeypatch):
     existence check says "free"); the name must still be taken by creating the file."""
     from pathlib import Path
 
-    from guide_utils.records import RunRecorder
+    from guide_utils.results.records import RunRecorder
 
     first = RunRecorder(tmp_path, "same", config={"i": 0})
     monkeypatch.setattr(Path, "exists", lambda self: False)

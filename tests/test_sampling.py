@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from guide_utils.config import make_config
-from guide_utils.sampling import ResumableSampler, SeededItems, ShardSampler
+from guide_utils.engine.sampling import ResumableSampler, SeededItems, ShardSampler
 
 
 def test_shards_are_disjoint_and_reshuffled_per_epoch():

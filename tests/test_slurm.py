@@ -1,10 +1,11 @@
-"""guide_utils.slurm: the job context and the rendezvous derived from it."""
+"""guide_utils.cluster.slurm: the job context and the rendezvous derived from it."""
 
 import re
 
 import pytest
 
-from guide_utils.slurm import PORT_BASE, PORT_SPAN, SlurmJob
+from guide_utils.cluster.slurm import PORT_BASE, PORT_SPAN, SlurmJob
+from guide_utils.errors import GuideError
 
 # The shape of the thesis's largest jobs (Appendix 3): 8 nodes x 4 P100, 7 CPUs per task.
 THESIS_32_GPU = {
@@ -85,11 +86,11 @@ def test_torch_env_for_an_srun_task():
 def test_torch_env_needs_an_srun_task():
     env = dict(THESIS_32_GPU)
     del env["SLURM_PROCID"]
-    with pytest.raises(ValueError, match="SLURM_PROCID"):
+    with pytest.raises(GuideError, match="SLURM_PROCID"):
         SlurmJob.from_env(env).torch_distributed_env()
 
 
 @pytest.mark.parametrize("bad", [{"SLURM_NTASKS": "many"}, {"SLURM_TASKS_PER_NODE": "4(y2)"}])
 def test_corrupt_values_are_named(bad):
-    with pytest.raises(ValueError, match=re.escape(next(iter(bad.values())))):
+    with pytest.raises(GuideError, match=re.escape(next(iter(bad.values())))):
         SlurmJob.from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", **bad})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from guide_utils.records import read_run
+from guide_utils.results.records import read_run
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 
 REPO = Path(__file__).resolve().parents[1]

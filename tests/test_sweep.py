@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from guide_utils import sweep
-from guide_utils.cli import GuideError
+from guide_utils.studies import sweep
+from guide_utils.errors import GuideError
 
-CLI = [sys.executable, "-m", "guide_utils.sweep"]
+CLI = [sys.executable, "-m", "guide_utils", "sweep"]
 
 
 def test_points_cover_every_k_method_and_seed_plus_the_baseline():
@@ -69,7 +69,7 @@ def test_cli_writes_a_sweep_csv_and_refuses_to_overwrite(tmp_path):
     args = ["run", "--ks", "32", "--seeds", "0", "--methods", "naive", "--results-dir", str(tmp_path / "r"),
             "--out", str(out)]
     # a tiny problem through the same code: the engine's own flags are not exposed, so patch SETTINGS
-    code = ("import sys; from guide_utils import sweep; "
+    code = ("import sys; from guide_utils.studies import sweep; "
             "sweep.SETTINGS.update(mnist1d_samples=2000, epochs=2, milestones=(1,)); "
             f"sys.exit(sweep.main({args!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

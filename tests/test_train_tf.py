@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from guide_utils.cli import GuideError
+from guide_utils.errors import GuideError
 from guide_utils.schedules import lr_at
-from guide_utils.tf_engine import check_versions
+from guide_utils.tensorflow.engine import check_versions
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -60,7 +60,7 @@ def test_learning_rate_of_every_batch_follows_lr_at(tmp_path):
     import tensorflow as tf
 
     from guide_utils.config import make_config
-    from guide_utils.tf_engine import train_tf
+    from guide_utils.tensorflow.engine import train_tf
 
     seen: list[float] = []
 
@@ -133,7 +133,7 @@ def test_the_benchmark_prints_a_positive_rate_for_each_batch(tmp_path):
                            "--batches", "32", "64", "128", "--results-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=TIMEOUT, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from guide_utils.logs import parse_tf_cnn_benchmarks_log
+    from guide_utils.results.logs import parse_tf_cnn_benchmarks_log
 
     # The thesis's own log reader understands the output, as it does tf_cnn_benchmarks'.
     rates = [r["images_per_second"] for r in parse_tf_cnn_benchmarks_log(proc.stdout).records]

@@ -1,25 +1,36 @@
 """``python -m guide_utils COMMAND``: the guide's command-line entry point.
 
-Commands:
-  doctor    what this machine, this software stack and this Slurm job look like,
-            and what in them will hurt distributed training
-  sync-check  do N processes (Horovod or DDP) really end with the same weights?
-  rendezvous  HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
-  pack-dataset  write a real image dataset as a tar archive (the ImageFolder layout),
-            for the sbatch examples' stage-to-local-disk step
+Training:
+  train         the PyTorch engine (also: python -m guide_utils.train)
+  train-tf      the TensorFlow/Keras door (also: python -m guide_utils.train_tf)
+Studies:
+  experiments   the thesis's nine experiments: list, run, --dry-run
+  sweep         the quality sweep over the scaling factor k
+On the cluster:
+  doctor        what this machine, stack and Slurm job look like, and what will hurt
+  sync-check    do N processes (Horovod or DDP) really end with the same weights?
+  rendezvous    HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
+  pack-dataset  write a real image dataset as a tar archive (the ImageFolder layout)
+
+Every command takes --help, and --debug to show a traceback instead of a one-line error.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-from .cli import EXIT_USAGE
+from .errors import EXIT_USAGE
 
 COMMANDS = {
-    "doctor": ("guide_utils.doctor", "main"),
-    "sync-check": ("guide_utils.sync_check", "main"),
-    "pack-dataset": ("guide_utils.pack", "main"),
-    "rendezvous": ("guide_utils.slurm", "rendezvous_main"),
+    "train": ("guide_utils.train", "main"),
+    "train-tf": ("guide_utils.train_tf", "main"),
+    "experiments": ("guide_utils.studies.experiments", "main"),
+    "sweep": ("guide_utils.studies.sweep", "main"),
+    "doctor": ("guide_utils.cluster.doctor", "main"),
+    "sync-check": ("guide_utils.cluster.sync_check", "main"),
+    "rendezvous": ("guide_utils.cluster.slurm", "rendezvous_main"),
+    "pack-dataset": ("guide_utils.cluster.pack", "main"),
 }
 
 
@@ -34,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               "(see python -m guide_utils --help)", file=sys.stderr)
         return EXIT_USAGE
     module, func = COMMANDS[name]
-    return getattr(__import__(module, fromlist=[func]), func)(rest)
+    return getattr(importlib.import_module(module), func)(rest)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli import GuideError
+from .errors import GuideError
 
 
 @dataclass

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tensorflow as tf
 
-    from .tf_engine import train_tf
+    from .tensorflow.engine import train_tf
 
     tf.get_logger().setLevel("ERROR")  # e.g. "callback slower than the batch" on tiny CPU batches
     train_tf(cfg)

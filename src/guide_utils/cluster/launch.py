@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .cli import GuideError
+from ..errors import GuideError
 
 LAUNCHERS = ("horovodrun", "mpirun", "torchrun")
 BIN = Path(sys.executable).parent

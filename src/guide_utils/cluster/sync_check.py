@@ -22,8 +22,9 @@ import socket
 import sys
 from pathlib import Path
 
-from .cli import ArgumentParser, GuideError, one_line_errors
-from .distributed import KINDS, init
+from ..cli import ArgumentParser, one_line_errors
+from ..errors import GuideError
+from ..engine.distributed import KINDS, init
 
 
 def _digest(module) -> str:

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli import GuideError
-from .slurm import SlurmJob
+from ..errors import GuideError
+from ..cluster.slurm import SlurmJob
 
 KINDS = ("none", "horovod", "ddp")
 

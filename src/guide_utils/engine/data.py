@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from .cli import GuideError
+from ..errors import GuideError
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]

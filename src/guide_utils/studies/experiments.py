@@ -1,6 +1,6 @@
 """The thesis's nine experiments as named, parameterised runs, at two scales.
 
-``python -m guide_utils.experiments list|run NAME --profile smoke|full [--index I] [--dry-run]``
+``python -m guide_utils experiments list|run NAME --profile smoke|full [--index I] [--dry-run]``
 
 Every experiment is a list of runs, each a set of ``TrainConfig`` overrides plus the number
 of workers it needs. The ``full`` profile is the thesis's setting (ResNet-50, ImageNet,
@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cli import ArgumentParser, GuideError, one_line_errors
-from .config import make_config
+from ..cli import ArgumentParser, one_line_errors
+from ..errors import GuideError
+from ..config import make_config
 
-PROG = "python -m guide_utils.experiments"
+PROG = "python -m guide_utils experiments"
 GPUS_PER_NODE = 4  # the thesis's nodes: four P100 each
 SMOKE_BATCH = 32  # smoke: the per-worker batch of "one thesis GPU"
 # Smoke quality runs: MNIST-1D with the settings of shared/notes/small-scale-quality.md
@@ -182,7 +183,7 @@ def plan(name: str, profile: str, index: int | None = None) -> list[tuple[int, R
 
 def describe(run: Run, profile: str) -> str:
     """One line of what a run trains: model, data, workers x batch, learning rate, warmup, epochs."""
-    from .scaling import scaled_lr
+    from ..scaling import scaled_lr
 
     cfg = make_config("smoke" if profile == "smoke" else "full", **run.settings)
     gbatch = cfg.per_worker_batch * run.workers
@@ -213,7 +214,7 @@ def _world_size() -> int:
 
 def execute(name: str, profile: str, index: int | None = None, **overrides: Any) -> list:
     """Run the chosen runs through the engine; each writes its run record."""
-    from .engine import train
+    from ..engine.loop import train
 
     results = []
     for i, run, command in plan(name, profile, index):
@@ -234,10 +235,10 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
 
     One-worker runs train in this process; multi-worker runs start their workers with
     ``launcher`` (default: ``horovodrun`` for Horovod runs, ``torchrun`` for DDP runs), each
-    worker running ``python -m guide_utils.experiments run NAME --index I``.
+    worker running ``python -m guide_utils experiments run NAME --index I``.
     """
-    from . import launch as _launch
-    from .records import read_runs
+    from ..cluster import launch as _launch
+    from ..results.records import read_runs
 
     [(i, run, _)] = plan(name, profile, index)
     if run.workers == 1:  # no progress bar: in a notebook the per-epoch lines say enough
@@ -247,8 +248,8 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
         raise GuideError(f"{name} run {i} uses --dist {run.settings['dist']}: launch it with "
                          f"{'torchrun' if run.settings['dist'] == 'ddp' else 'horovodrun or mpirun'}")
     before = {r.path for r in read_runs(results_dir)} if Path(results_dir).is_dir() else set()
-    _launch.run(launcher, run.workers, "guide_utils.experiments",
-                ["run", name, "--profile", profile, "--index", str(i), "--results-dir", str(results_dir)])
+    _launch.run(launcher, run.workers, "guide_utils",
+                ["experiments", "run", name, "--profile", profile, "--index", str(i), "--results-dir", str(results_dir)])
     new = [r.path for r in read_runs(results_dir) if r.path not in before]
     if len(new) != 1:
         raise GuideError(f"{name} run {i}: expected one new run record in {results_dir}, found {len(new)}")

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .throughput import images_per_second
+from ..errors import GuideError
+from ..throughput import images_per_second
 
 _NUM = r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
 _RANK = r"(?:^|\s)(?:(?P<rank>\d+):\s*)?"
@@ -39,8 +40,8 @@ _TF_TOTAL = re.compile(rf"total images/sec:\s*(?P<rate>{_NUM})\s*$")
 _FIELD_NAMES = {"Loss": "loss", "Acc@1": "acc1", "Acc@5": "acc5"}
 
 
-class LogFormatError(ValueError):
-    """The text holds no record of the expected format."""
+class LogFormatError(GuideError, ValueError):
+    """The text holds no record of the expected format (a user's file: one line, no traceback)."""
 
 
 @dataclass

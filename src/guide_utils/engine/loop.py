@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cli import GuideError
+from ..errors import GuideError
 from . import signals
-from .config import TrainConfig
+from ..config import TrainConfig
 
 # Exit status of a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint: "try again"
 # (EX_TEMPFAIL in sysexits.h). Batch scripts requeue the job when they see it.
@@ -93,7 +93,7 @@ def environment(dist) -> dict[str, Any]:
     import torch
     import torchvision
 
-    from .slurm import SlurmJob
+    from ..cluster.slurm import SlurmJob
 
     env: dict[str, Any] = {
         "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
@@ -145,13 +145,17 @@ def train(cfg: TrainConfig) -> RunResult:
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    from . import checkpoint, distributed, records
+    from . import checkpoint
+
+    from . import distributed
+
+    from ..results import records
     from .data import build_data, describe
     from .models import build_model
     from .sampling import ResumableSampler, SeededItems, ShardSampler
-    from .scaling import global_batch, scaled_lr
-    from .schedules import torch_scheduler
-    from .throughput import ThroughputMeter
+    from ..scaling import global_batch, scaled_lr
+    from ..schedules import torch_scheduler
+    from ..throughput import ThroughputMeter
 
     if cfg.checkpoint_dir:
         checkpoint.ensure_writable(Path(cfg.checkpoint_dir))  # fail before any work is done

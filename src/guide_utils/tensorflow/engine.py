@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .cli import GuideError
-from .config import TrainConfig
+from ..errors import GuideError
+from ..config import TrainConfig
 
 MIN_TF, MAX_TF = (2, 9), (2, 15)
 DISTS = ("none", "horovod", "mwms")
@@ -116,7 +116,7 @@ def init(kind: str) -> TFDist:
             tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
         return TFDist("horovod", hvd.rank(), hvd.size(), hvd.local_rank(), hvd=hvd)
     if kind == "mwms":
-        from .slurm import SlurmJob
+        from ..cluster.slurm import SlurmJob
 
         job = SlurmJob.from_env()
         if job is not None and job.procid is not None and job.ntasks > 1:
@@ -208,7 +208,7 @@ class TFData:
 def build_tf_data(cfg: TrainConfig, dist: TFDist) -> TFData:
     import tensorflow as tf
 
-    from .data import arrays
+    from ..engine.data import arrays
 
     shard = dist.kind == "horovod"  # MWMS shards the batched dataset itself
     if cfg.data == "synthetic":
@@ -260,7 +260,7 @@ def build_tf_data(cfg: TrainConfig, dist: TFDist) -> TFData:
 def environment(dist: TFDist) -> dict[str, Any]:
     import tensorflow as tf
 
-    from .slurm import SlurmJob
+    from ..cluster.slurm import SlurmJob
 
     env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
                            "tensorflow": tf.__version__, "keras": keras_version(), "dist": dist.kind,
@@ -297,10 +297,10 @@ def train_tf(cfg: TrainConfig, callbacks: list | None = None):
     import tensorflow as tf
 
     check_versions(tf.__version__, keras_version())
-    from . import records
-    from .engine import RunResult
-    from .scaling import global_batch, scaled_lr
-    from .schedules import keras_callback
+    from ..results import records
+    from ..engine.loop import RunResult
+    from ..scaling import global_batch, scaled_lr
+    from ..schedules import keras_callback
     dist = init(cfg.dist)
     if cfg.checkpoint_dir and dist.kind == "mwms":
         raise GuideError("--checkpoint-dir is not wired for --dist mwms (TensorFlow needs every worker to save); "
@@ -447,7 +447,7 @@ def _progress(cfg, recorder, manager, dist, rows: list):
     """Per epoch: throughput, the record line, the printed line and (rank 0) the checkpoint."""
     import tensorflow as tf
 
-    from .throughput import ThroughputMeter
+    from ..throughput import ThroughputMeter
 
     class Progress(tf.keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from guide_utils import seeds
-from guide_utils.cli import GuideError
+from guide_utils.results import sources
+from guide_utils.errors import GuideError
 from guide_utils.scaling import efficiency, speedup
 
 ROWS = {1: 3, 2: 1, 3: 1, 4: 6, 5: 2, 6: 2, 7: 12, 8: 4, 9: 4, 10: 5, 11: 2, 12: 6, 13: 1, 14: 4, 15: 2}
 
 
-@pytest.mark.parametrize("n", list(seeds.TABLES))
+@pytest.mark.parametrize("n", list(sources.TABLES))
 def test_every_table_loads_with_its_caption(n):
-    t = seeds.thesis_table(n)
+    t = sources.thesis_table(n)
     assert len(t) == ROWS[n]
     assert t.attrs["caption"] and t.attrs["experiment"] in range(1, 10)
     assert (t["gpus"] >= 1).all() and (t["per_worker_batch"].isin([32, 64, 128])).all()
@@ -24,37 +24,37 @@ def test_every_table_loads_with_its_caption(n):
 
 
 def test_spot_values_from_the_text():
-    assert seeds.thesis_table(1).set_index("per_worker_batch").loc[64, "images_per_second"] == 234.01
-    t7 = seeds.thesis_table(7).query("per_worker_batch == 32 and gpus == 24").iloc[0]
+    assert sources.thesis_table(1).set_index("per_worker_batch").loc[64, "images_per_second"] == 234.01
+    t7 = sources.thesis_table(7).query("per_worker_batch == 32 and gpus == 24").iloc[0]
     assert (t7.nodes, t7.images_per_second) == (6, 3809.91)
-    t10 = seeds.thesis_quality(4).set_index("gpus")
+    t10 = sources.thesis_quality(4).set_index("gpus")
     assert t10.loc[32, "top1_acc"] == 69.006 and t10.loc[32, "top1_err"] == 30.994
-    t11 = seeds.thesis_table(11)
+    t11 = sources.thesis_table(11)
     assert t11["baseline"].tolist() == [True, False]
     assert t11.iloc[1]["wall_hours"] == pytest.approx(6 + 34 / 60, abs=1e-3)
     assert t11.iloc[0]["wall_hours"] == pytest.approx(6 * 24 + 4 + 16 / 60, abs=1e-3)
-    t13 = seeds.thesis_quality(7).iloc[0]
+    t13 = sources.thesis_quality(7).iloc[0]
     assert (t13.gpus, t13.per_worker_batch, t13.global_batch, t13.lr, t13.wall_hours) == (32, 32, 1024, 0.4, 8.0)
     # "3 072" is printed with a space in Table 15
-    assert seeds.thesis_quality(9)["global_batch"].tolist() == [3072, 4096]
+    assert sources.thesis_quality(9)["global_batch"].tolist() == [3072, 4096]
 
 
 def test_throughput_tables_give_the_thesis_speedups():
-    t = seeds.thesis_throughput("horovod_pytorch").query("per_worker_batch == 128")
+    t = sources.thesis_throughput("horovod_pytorch").query("per_worker_batch == 128")
     assert t["gpus"].tolist() == [1, 2, 4, 8, 16, 24, 32]
     one, top = t.iloc[0]["images_per_second"], t.iloc[-1]["images_per_second"]
     assert round(speedup(top, one), 1) == 29.4
     assert round(efficiency(top, one, 32), 2) == 0.92
 
 
-def test_other_seeds_headlines():
-    o = seeds.other_seeds()
+def test_other_sources_headlines():
+    o = sources.other_sources()
     summit = o[(o["bibkey"] == "summit") & (o["quantity"] == "scaling efficiency")].iloc[0]
     assert summit["value"] == "87"
 
 
-@pytest.mark.parametrize("call", [lambda: seeds.thesis_table(16), lambda: seeds.thesis_quality(3),
-                                  lambda: seeds.thesis_throughput("mxnet")])
+@pytest.mark.parametrize("call", [lambda: sources.thesis_table(16), lambda: sources.thesis_quality(3),
+                                  lambda: sources.thesis_throughput("mxnet")])
 def test_bad_requests_name_the_choices(call):
     with pytest.raises(GuideError):
         call()

@@ -1,4 +1,4 @@
-"""Turn the thesis's result tables 1-15 into the CSV files under src/guide_utils/seed_data/.
+"""Turn the thesis's result tables 1-15 into the CSV files under src/guide_utils/source_data/.
 
 Run once by hand against the thesis text (shared/seeds/001_*.txt); the CSVs are committed,
 so nothing else depends on the seed file being present. Each table in the text is a caption
@@ -7,7 +7,7 @@ Columns are renamed to the guide's vocabulary; "16 (4 * 4)" becomes gpus=16, nod
 "73.286% / 91.558%" becomes top1_acc=73.286, top5_acc=91.558; "0 days 6 hours 34 min" becomes
 wall_hours.
 
-    python scripts/extract_seed_tables.py ../shared/seeds/001_e4cc0acb46d707f1.txt
+    python scripts/extract_source_tables.py ../shared/seeds/001_e4cc0acb46d707f1.txt
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "guide_utils" / "seed_data"
+OUT = Path(__file__).resolve().parents[1] / "src" / "guide_utils" / "source_data"
 COLUMNS = {
     "Deep learning framework": "framework",
     "Batch size per GPU": "per_worker_batch",

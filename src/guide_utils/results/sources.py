@@ -1,7 +1,7 @@
 """The source documents' results as data: the thesis's tables 1-15 and the other seeds' headlines.
 
-The CSV files in ``seed_data/`` were extracted from the thesis text by
-``scripts/extract_seed_tables.py``; the first line of each names its table, section and
+The CSV files in ``source_data/`` were extracted from the thesis text by
+``scripts/extract_source_tables.py``; the first line of each names its table, section and
 experiment. Notebooks draw these next to the reader's own run records.
 
 >>> thesis_table(12).query("gpus == 32")[["lr", "global_batch", "top1_acc"]].values.tolist()[0]
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from .cli import GuideError
+from ..errors import GuideError
 
 TABLES = range(1, 16)
 # Which table holds which experiment's results, by framework (thesis sections 5.1-5.9).
@@ -26,7 +26,7 @@ QUALITY_TABLES = {4: 10, 5: 11, 6: 12, 7: 13, 8: 14, 9: 15}
 def _read(name: str):
     import pandas as pd
 
-    path = resources.files(__package__) / "seed_data" / name
+    path = resources.files(__package__) / "source_data" / name
     with path.open(encoding="utf-8") as fh:
         caption = fh.readline().lstrip("# ").strip()
         table = pd.read_csv(fh)
@@ -63,6 +63,6 @@ def thesis_quality(experiment: int):
     return table
 
 
-def other_seeds():
+def other_sources():
     """Headline numbers of the ARIS, Summit and SLICES documents, one row each."""
-    return _read("other_seeds.csv")
+    return _read("other_sources.csv")

@@ -8,11 +8,11 @@ several seeds each, and compares with the small-batch baseline (k = 1):
 * ``linear+warmup``: the rule plus a gradual warmup (experiments 8 and 9).
 
 A thesis worker count k is emulated by one process with the global batch (see
-``guide_utils.experiments``). Settings follow ``shared/notes/small-scale-quality.md``: 20,000
+``guide_utils.studies.experiments``). Settings follow ``shared/notes/small-scale-quality.md``: 20,000
 samples, 20 epochs, base lr 0.05 at batch 32, drops at 50 % and 75 % of training, 5 warmup
 epochs. Quality is the best top-1 validation error over the epochs, as the thesis reports it.
 
-``python -m guide_utils.sweep run [--ks 4 8 16 32] [--seeds 0 1 2] [--out FILE.csv]`` trains
+``python -m guide_utils sweep run [--ks 4 8 16 32] [--seeds 0 1 2] [--out FILE.csv]`` trains
 every point and writes one run record per point plus a CSV of the results; ``summary
 FILE.csv`` prints the table of means and spreads. On two otherwise idle CPU cores a k = 1
 run takes about 30 s and the others about 10 s each; the ``seconds`` column records each
@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .cli import ArgumentParser, GuideError, one_line_errors
+from ..cli import ArgumentParser, one_line_errors
+from ..errors import GuideError
 from .experiments import SMOKE_BATCH as BASE_BATCH
 from .experiments import SMOKE_QUALITY
-from .plots import hardware_label
+from ..results.plots import hardware_label
 
-PROG = "python -m guide_utils.sweep"
+PROG = "python -m guide_utils sweep"
 # The catalogue's smoke quality settings: a sweep point is a smoke run of chapters 4-6.
 SETTINGS = {**SMOKE_QUALITY, "progress": False}
 METHODS = {"naive": {"lr_scaling": "none", "warmup": "none"},
@@ -76,9 +77,9 @@ def points(ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS, methods: Iterab
 
 def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     """Train one point through the engine; returns its row of the results table."""
-    from .config import make_config
-    from .engine import train
-    from .scaling import scaled_lr
+    from ..config import make_config
+    from ..engine.loop import train
+    from ..scaling import scaled_lr
 
     cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))
     cfg.extra = {"sweep": {"k": point.k, "method": point.method, "seed": point.seed}}
@@ -148,7 +149,7 @@ def recorded():
     """The sweep this guide's book shows, run once with the defaults and committed (see its first line)."""
     from importlib import resources
 
-    return load(resources.files(__package__) / "recorded" / RECORDED)
+    return load(resources.files("guide_utils.results") / "recorded" / RECORDED)
 
 
 def format_summary(summary) -> str:

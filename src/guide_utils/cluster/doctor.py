@@ -22,8 +22,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from .cli import ArgumentParser
-from .config import PROFILES, make_config
+from ..cli import ArgumentParser
+from ..errors import GuideError
+from ..config import PROFILES, make_config
 from .slurm import SlurmJob
 
 # The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
@@ -150,7 +151,7 @@ def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_L
     facts.mpi = _mpi_version()
     try:
         facts.slurm = SlurmJob.from_env(env)
-    except ValueError as exc:
+    except GuideError as exc:
         facts.errors["slurm"] = str(exc)
     return facts
 

@@ -22,6 +22,9 @@ from typing import Mapping
 
 import hostlist
 
+from ..cli import one_line_errors
+from ..errors import GuideError
+
 # Rendezvous ports are taken from 20000-29999: above the well-known and registered ports
 # most services use, below Linux's ephemeral range (32768-60999) where the kernel hands out
 # client ports, and wide enough that job ids rarely collide on a shared node.
@@ -36,7 +39,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer; is the job environment intact?") from None
+        raise GuideError(f"{name}={value!r} is not an integer; is the job environment intact?") from None
 
 
 def _tasks_per_node(value: str | None) -> list[int]:
@@ -47,7 +50,7 @@ def _tasks_per_node(value: str | None) -> list[int]:
     for part in value.split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if not match:
-            raise ValueError(f"cannot read the per-node count {value!r} (expected e.g. '4(x2),2')")
+            raise GuideError(f"cannot read the per-node count {value!r} (expected e.g. '4(x2),2')")
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts
 
@@ -119,7 +122,7 @@ class SlurmJob:
     def master_addr(self) -> str:
         """The first node of the allocation: every task agrees on it without talking."""
         if not self.nodes:
-            raise ValueError("SLURM_JOB_NODELIST is empty; cannot choose a rendezvous host")
+            raise GuideError("SLURM_JOB_NODELIST is empty; cannot choose a rendezvous host")
         return self.nodes[0]
 
     @property
@@ -137,7 +140,7 @@ class SlurmJob:
         tasks otherwise hang waiting for a rendezvous that never comes.
         """
         if self.procid is None:
-            raise ValueError("SLURM_PROCID is not set: run this inside an srun task, not the batch script")
+            raise GuideError("SLURM_PROCID is not set: run this inside an srun task, not the batch script")
         addr, port = self.rendezvous()
         return {
             "MASTER_ADDR": addr,
@@ -148,25 +151,18 @@ class SlurmJob:
         }
 
 
+@one_line_errors("python -m guide_utils rendezvous")
 def rendezvous_main(argv: list[str] | None = None) -> int:
     """``python -m guide_utils rendezvous``: print ``HOST:PORT`` for this job's rendezvous.
 
     For launchers that need it on their command line (``torchrun --rdzv-endpoint``), run in
     the batch script; every node computes the same answer without talking to the others.
     """
-    import sys
-
-    if argv:
-        print("python -m guide_utils rendezvous: error: takes no arguments (it reads SLURM_JOB_ID and "
-              "SLURM_JOB_NODELIST)", file=sys.stderr)
-        return 2
-    try:
-        job = SlurmJob.from_env()
-        if job is None:
-            raise ValueError("not inside a Slurm job (SLURM_JOB_ID is unset); run it in an sbatch script")
-        host, port = job.rendezvous()
-    except ValueError as exc:
-        print(f"python -m guide_utils rendezvous: error: {exc}", file=sys.stderr)
-        return 2
+    if [a for a in (argv or []) if a != "--debug"]:
+        raise GuideError("takes no arguments (it reads SLURM_JOB_ID and SLURM_JOB_NODELIST)")
+    job = SlurmJob.from_env()
+    if job is None:
+        raise GuideError("not inside a Slurm job (SLURM_JOB_ID is unset); run it in an sbatch script")
+    host, port = job.rendezvous()
     print(f"{host}:{port}")
     return 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .cli import GuideError
+from ..errors import GuideError
 
 TABLE_CONFIG = ["model", "data", "dist", "workers", "per_worker_batch", "global_batch", "lr_scaling", "warmup",
                 "warmup_epochs", "epochs"]

@@ -23,7 +23,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .cli import ArgumentParser, GuideError, one_line_errors
+from ..cli import ArgumentParser, one_line_errors
+from ..errors import GuideError
 
 PROG = "python -m guide_utils pack-dataset"
 DATASETS = ("digits",)
@@ -38,7 +39,7 @@ def pack_digits(out: Path, name: str = "digits") -> Path:
     import numpy as np
     from PIL import Image
 
-    from .data import build_data
+    from ..engine.data import build_data
 
     out = Path(out)
     if out.exists():
