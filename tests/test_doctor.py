@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from guide_utils.cluster.doctor import Facts, diagnose, render
+from guide_utils.cluster.doctor import Facts, Job, diagnose, render
 from guide_utils.cluster.slurm import SlurmJob
 
 HEALTHY_HOROVOD = {
@@ -90,7 +90,7 @@ def test_tensorflow_216_is_warned_about():
 def test_render_lists_the_job():
     facts = healthy(slurm=job())
     text = render(facts, diagnose(facts))
-    assert "g1,g2" in text and "20099" in text and text.endswith("stack usable: yes")
+    assert "g1,g2" in text and "20099" in text and text.endswith("stack usable: yes (for the whole guide)")
 
 
 # --- the real command, on this machine's stack -------------------------------------------
@@ -109,7 +109,7 @@ def test_doctor_on_this_machine():
     text = out.stdout
     for expected in (r"torchvision +0\.29\.1", r"tensorflow +2\.15\.1 \(Keras 2\.15", r"horovod +0\.28\.1",
                      r"frameworks +\[X\] PyTorch  \[X\] TensorFlow", r"controllers +\[X\] MPI  \[X\] Gloo",
-                     r"mpi +mpirun \(Open MPI\)", r"gpus +none", r"slurm job +none", r"stack usable: yes$"):
+                     r"mpi +mpirun \(Open MPI\)", r"gpus +none", r"slurm job +none", r"stack usable: yes \(for the whole guide\)$"):
         assert re.search(expected, text, re.M), f"{expected!r} missing from:\n{text}"
     assert "WARNING" not in text
 
@@ -131,11 +131,41 @@ def test_doctor_fails_when_horovod_is_broken(tmp_path):
     # A Horovod that cannot import (what a half-finished build leaves behind).
     (tmp_path / "horovod").mkdir()
     (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('libhorovod.so: undefined symbol')\n")
-    out = _doctor({"PYTHONPATH": str(tmp_path)})
+    broken = {"PYTHONPATH": str(tmp_path)}
+    out = _doctor(broken)  # the whole guide needs Horovod
     assert out.returncode == 1
     assert "PROBLEM: Horovod does not import (ImportError: libhorovod.so: undefined symbol)" in out.stdout
     assert "stack usable: NO" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
+    # A horovod job fails with one line that names the fix ...
+    out = _doctor(broken, ["--dist", "horovod"])
+    problems = [line for line in out.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert out.returncode == 1 and len(problems) == 1, out.stdout
+    assert "scripts/setup.sh" in problems[0] and "--dist ddp" in problems[0]
+    # ... while the jobs that need no Horovod pass (they never import it).
+    for args in (["--dist", "ddp"], ["--dist", "none"], ["--framework", "tensorflow", "--dist", "mwms"]):
+        out = _doctor(broken, args)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert re.search(r"^horovod +not checked", out.stdout, re.M) and "stack usable: yes" in out.stdout
+
+
+def test_a_job_needs_only_its_own_parts():
+    no_horovod = healthy(horovod=None, errors={"horovod": "No module named 'horovod'"})
+    assert diagnose(dataclasses.replace(no_horovod, job=Job("pytorch", "ddp"))).usable
+    d = diagnose(dataclasses.replace(no_horovod, job=Job("pytorch", "horovod")))
+    assert not d.usable and "--dist ddp" in d.problems[0]
+    no_tf = healthy(tensorflow=None, errors={"tensorflow": "No module named 'tensorflow'"})
+    assert diagnose(no_tf).usable  # the whole guide: TensorFlow is optional (a warning)
+    assert not diagnose(dataclasses.replace(no_tf, job=Job("tensorflow", "mwms"))).usable
+    assert set(Job("pytorch", "ddp").probes()) == {"torch"}
+    assert set(Job("tensorflow", "horovod").probes()) == {"tensorflow", "horovod"}
+    assert set(Job().probes()) == {"torch", "tensorflow", "horovod"}
+
+
+def test_a_dist_of_the_other_framework_is_one_line():
+    out = _doctor(args=["--framework", "tensorflow", "--dist", "ddp"])
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--dist ddp does not go with --framework tensorflow" in out.stderr
 
 
 def test_doctor_rejects_a_wrong_flag():

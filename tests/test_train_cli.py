@@ -124,3 +124,42 @@ def test_help_documents_every_flag():
             continue
         flag = "--no-progress" if field.name == "progress" else "--" + field.name.replace("_", "-")
         assert flag in text, f"{flag} missing from --help"
+
+
+# Inside an sbatch script the batch step itself has SLURM_PROCID=0 (but no SLURM_STEP_ID),
+# which once passed for "started by srun": Horovod then trained alone and DDP waited for
+# ranks that never came. tests/test_slurm_examples.py checks the same on the real Slurm.
+BATCH_STEP = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "4",
+              "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+SRUN_STEP_WITHOUT_MPI = {**BATCH_STEP, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4",
+                         "SLURM_STEP_NODELIST": "n[1-2]"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dist, env, expected", [
+    ("horovod", BATCH_STEP, ["batch script of job 4242", "would train alone", "srun --mpi=pmix"]),
+    ("ddp", BATCH_STEP, ["batch script of job 4242", "would wait for ranks", "srun or torchrun"]),
+    ("horovod", SRUN_STEP_WITHOUT_MPI, ["srun started 4 tasks without an MPI plugin", "--mpi=pmix"]),
+], ids=["horovod-in-batch-script", "ddp-in-batch-script", "horovod-under-srun-without-mpi"])
+def test_dist_without_a_launcher_inside_a_job(tmp_path, dist, env, expected):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "HOROVOD_"))},
+           **env}
+    proc = subprocess.run([*TRAIN, "--dist", dist], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for word in expected:
+        assert word in proc.stderr
+    assert not (tmp_path / "results").exists(), "nothing may be trained or recorded"
+
+
+def test_launcher_detection():
+    from guide_utils.cluster.launch import started_by
+
+    assert started_by({}) is None
+    assert started_by(BATCH_STEP) is None
+    assert started_by(SRUN_STEP_WITHOUT_MPI) == "srun"
+    assert started_by({**SRUN_STEP_WITHOUT_MPI, "PMIX_RANK": "3"}) == "mpirun"  # srun --mpi=pmix
+    assert started_by({**BATCH_STEP, "OMPI_COMM_WORLD_RANK": "1"}) == "mpirun"
+    assert started_by({"HOROVOD_RANK": "0", "OMPI_COMM_WORLD_RANK": "0"}) == "horovodrun"
+    assert started_by({"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}) == "torchrun"

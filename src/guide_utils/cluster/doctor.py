@@ -3,8 +3,14 @@
 It reports the software stack (Python, PyTorch, torchvision, TensorFlow, Horovod and what
 Horovod was built with), the MPI on the PATH, the GPUs, and, inside a Slurm job, the job's
 shape; then it warns about each misconfiguration it can see. It exits non-zero only when
-the stack cannot train at all (PyTorch or Horovod missing or broken, Horovod without any
-controller), and says why.
+the stack cannot run the job at all, and says why.
+
+Which job: ``--framework pytorch|tensorflow`` and ``--dist none|ddp|horovod|mwms``. A DDP or
+MultiWorkerMirroredStrategy job needs no Horovod, so a missing Horovod is a problem only for
+``--dist horovod``; and only what the job uses is probed (a PyTorch job never imports
+TensorFlow), which keeps the doctor at the top of every batch job quick. Without
+``--dist`` it checks the whole guide: PyTorch with every kind of distribution, and
+TensorFlow as far as it is there.
 
 The work is split so each part can be tested on its own: :func:`gather` reads the facts,
 :func:`diagnose` turns facts into warnings and problems (a pure function), and
@@ -22,7 +28,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from ..cli import ArgumentParser
+from ..cli import ArgumentParser, one_line_errors
 from ..errors import GuideError
 from ..config import PROFILES, make_config
 from .slurm import SlurmJob
@@ -42,27 +48,31 @@ if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(i)
         gpus.append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
 print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
-                  "torch_cuda": torch.version.cuda, "gpus": gpus,
-                  "resnet50": sum(p.numel() for p in torchvision.models.resnet50().parameters())}))
+                  "torch_cuda": torch.version.cuda, "gpus": gpus}))
 """,
     "tensorflow": """
 import json, os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf, keras
-try:
-    import horovod.tensorflow  # loads Horovod's TensorFlow ops
-    with_tf = True
-except Exception:
-    with_tf = False
-print(json.dumps({"tensorflow": tf.__version__, "keras": keras.__version__, "horovod_tensorflow": with_tf}))
+print(json.dumps({"tensorflow": tf.__version__, "keras": keras.__version__,
+                  "gpus": len(tf.config.list_physical_devices("GPU"))}))
 """,
-    # Horovod's build flags, read through its PyTorch binding (the one this guide needs).
+    # Horovod's build flags, and which frameworks' bindings load (FRAMEWORKS is filled in).
     "horovod": """
-import json, horovod
-import horovod.torch as hvd
+import importlib, json, os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import horovod
+frameworks, hvd = {}, None
+for name, module in FRAMEWORKS:
+    try:
+        hvd = importlib.import_module(module)
+        frameworks[name] = True
+    except Exception:
+        frameworks[name] = False
+if hvd is None:
+    raise ImportError("no framework binding of Horovod loads (" + ", ".join(n for n, _ in FRAMEWORKS) + ")")
 print(json.dumps({
-    "horovod": horovod.__version__,
-    "frameworks": {"PyTorch": True},
+    "horovod": horovod.__version__, "frameworks": frameworks,
     "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())},
     "operations": {"NCCL": bool(hvd.nccl_built()), "DDL": bool(hvd.ddl_built()),
                    "CCL": bool(hvd.ccl_built()), "MPI": bool(hvd.mpi_built()),
@@ -70,6 +80,55 @@ print(json.dumps({
 }))
 """,
 }
+_HOROVOD_BINDINGS = {"pytorch": ("PyTorch", "horovod.torch"), "tensorflow": ("TensorFlow", "horovod.tensorflow")}
+FRAMEWORKS = ("pytorch", "tensorflow")
+DISTS = {"pytorch": ("none", "ddp", "horovod"), "tensorflow": ("none", "mwms", "horovod")}
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the job will run. ``None`` for both: the whole guide (PyTorch with every
+    distribution; TensorFlow checked but optional)."""
+
+    framework: str | None = None
+    dist: str | None = None
+
+    def __post_init__(self):
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise GuideError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        allowed = DISTS[self.framework or "pytorch"] if self.framework else sorted({*DISTS["pytorch"], *DISTS["tensorflow"]})
+        if self.dist is not None and self.dist not in allowed:
+            raise GuideError(f"--dist {self.dist} does not go with --framework {self.framework or 'pytorch'}; "
+                             f"choose from {', '.join(allowed)}")
+
+    @property
+    def whole_guide(self) -> bool:
+        return self.framework is None and self.dist is None
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """Frameworks the job uses (the whole guide: both)."""
+        if self.framework:
+            return (self.framework,)
+        return ("tensorflow",) if self.dist == "mwms" else FRAMEWORKS if self.dist is None else ("pytorch",)
+
+    @property
+    def needs_horovod(self) -> bool:
+        return self.dist in (None, "horovod")
+
+    def probes(self) -> dict[str, str]:
+        """The probe programs this job needs, by name."""
+        names = {"torch": "pytorch" in self.frameworks, "tensorflow": "tensorflow" in self.frameworks,
+                 "horovod": self.needs_horovod}
+        code = dict(_PROBES)
+        bindings = [_HOROVOD_BINDINGS[f] for f in self.frameworks]
+        code["horovod"] = f"FRAMEWORKS = {bindings!r}\n" + code["horovod"]
+        return {name: code[name] for name, wanted in names.items() if wanted}
+
+    def describe(self) -> str:
+        if self.whole_guide:
+            return "the whole guide"
+        return f"--framework {self.frameworks[0]}" + (f" --dist {self.dist}" if self.dist else "")
 
 
 @dataclass
@@ -85,11 +144,14 @@ class Facts:
     slurm: SlurmJob | None = None
     loader_workers: int = DEFAULT_LOADER_WORKERS
     omp_num_threads: str | None = None
+    job: Job = field(default_factory=Job)
     errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpus(self) -> list[dict[str, Any]]:
-        return (self.torch or {}).get("gpus", [])
+        if self.torch is not None:
+            return self.torch.get("gpus", [])
+        return [{"name": "GPU (seen by TensorFlow)", "memory_gib": "?"}] * (self.tensorflow or {}).get("gpus", 0)
 
 
 @dataclass
@@ -102,12 +164,12 @@ class Diagnosis:
         return not self.problems
 
 
-def _run_probes(timeout: float = 300) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
-    """Run every probe in its own interpreter, concurrently; ``name -> (result, error)``."""
+def _run_probes(probes: Mapping[str, str], timeout: float = 300) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
+    """Run each probe in its own interpreter, concurrently; ``name -> (result, error)``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
     procs = {name: subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env=env)
-             for name, code in _PROBES.items()}
+             for name, code in probes.items()}
     results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
     for name, proc in procs.items():
         try:
@@ -137,18 +199,19 @@ def _mpi_version() -> str | None:
     return f"{first[0].strip()} ({mpirun})" if first else mpirun
 
 
-def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_LOADER_WORKERS) -> Facts:
-    """Read the facts about this machine, its stack and its Slurm job (if any)."""
+def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_LOADER_WORKERS,
+           job: Job | None = None) -> Facts:
+    """Read the facts about this machine, the parts of its stack ``job`` uses, and its Slurm
+    job (if any)."""
     env = os.environ if env is None else env
-    facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"))
-    for name, (result, error) in _run_probes().items():
+    job = job or Job()
+    facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"), job=job)
+    for name, (result, error) in _run_probes(job.probes()).items():
         setattr(facts, name, result)
         if error:
             facts.errors[name] = error
-    if facts.horovod is not None:
-        # Horovod's TensorFlow ops were loaded by the TensorFlow probe.
-        facts.horovod["frameworks"]["TensorFlow"] = bool((facts.tensorflow or {}).get("horovod_tensorflow"))
-    facts.mpi = _mpi_version()
+    if job.needs_horovod:
+        facts.mpi = _mpi_version()
     try:
         facts.slurm = SlurmJob.from_env(env)
     except GuideError as exc:
@@ -157,48 +220,72 @@ def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_L
 
 
 def diagnose(facts: Facts) -> Diagnosis:
-    """Warnings for what will hurt; problems for what makes training impossible."""
+    """Warnings for what will hurt; problems for what makes ``facts.job`` impossible."""
     warnings: list[str] = []
     problems: list[str] = []
-    hvd = facts.horovod
-
-    if facts.torch is None:
-        problems.append(f"PyTorch/torchvision do not import ({facts.errors.get('torch', 'unknown error')}); "
-                        "run scripts/setup.sh or load your site's PyTorch module")
-    if hvd is None:
-        problems.append(f"Horovod does not import ({facts.errors.get('horovod', 'unknown error')}); "
-                        "run scripts/setup.sh to build it")
-    else:
-        if not any(hvd["controllers"].values()):
-            problems.append("Horovod was built with neither MPI nor Gloo, so no job can start; "
-                            "rebuild with HOROVOD_WITH_GLOO=1 (and HOROVOD_WITH_MPI=1)")
-        if not hvd["frameworks"].get("PyTorch"):
-            problems.append("Horovod was built without PyTorch support; rebuild it after installing torch "
-                            "(HOROVOD_WITH_PYTORCH=1)")
-        if not hvd["frameworks"].get("TensorFlow"):
-            warnings.append("Horovod was built without TensorFlow: the TensorFlow chapters will not run")
-        if hvd["horovod"] != EXPECTED["horovod"]:
-            warnings.append(f"Horovod {hvd['horovod']} is not the {EXPECTED['horovod']} this guide is tested with")
-    if facts.tensorflow is None:
-        warnings.append(f"TensorFlow does not import ({facts.errors.get('tensorflow', 'unknown error')}): "
-                        "the TensorFlow chapters will not run")
-    elif not facts.tensorflow["tensorflow"].startswith(EXPECTED["tensorflow"]):
-        warnings.append(f"TensorFlow {facts.tensorflow['tensorflow']} is not {EXPECTED['tensorflow']}: Horovod "
-                        "0.28.1 does not build against 2.16+ (Keras 3)")
-
-    if facts.gpus:
-        if hvd is not None and not hvd["operations"].get("NCCL"):
-            warnings.append(f"{len(facts.gpus)} GPU(s) visible but Horovod was built without NCCL: gradients "
-                            "will be averaged through host memory; rebuild with HOROVOD_GPU_OPERATIONS=NCCL")
-        if facts.torch and not facts.torch.get("torch_cuda"):
-            warnings.append("GPUs visible but this PyTorch is a CPU-only build")
-
+    job = facts.job
+    if "pytorch" in job.frameworks:
+        problems += _torch_problems(facts)
+    if "tensorflow" in job.frameworks:
+        tf_problems = _tensorflow_problems(facts)
+        # The whole guide runs without TensorFlow, less chapter 8: only then a warning.
+        (warnings if job.whole_guide else problems).extend(tf_problems)
+    if job.needs_horovod:
+        hvd_problems, hvd_warnings = _horovod_findings(facts)
+        problems += hvd_problems
+        warnings += hvd_warnings
+    if facts.gpus and facts.torch and not facts.torch.get("torch_cuda"):
+        warnings.append("GPUs visible but this PyTorch is a CPU-only build")
     if "slurm" in facts.errors:
         warnings.append(f"the Slurm environment could not be read: {facts.errors['slurm']}")
     if facts.slurm is not None:
         warnings += diagnose_job(facts.slurm, loader_workers=facts.loader_workers,
                                  omp_num_threads=facts.omp_num_threads)
     return Diagnosis(warnings=warnings, problems=problems)
+
+
+def _torch_problems(facts: Facts) -> list[str]:
+    if facts.torch is None:
+        return [f"PyTorch/torchvision do not import ({facts.errors.get('torch', 'unknown error')}); "
+                "run scripts/setup.sh or load your site's PyTorch module"]
+    return []
+
+
+def _tensorflow_problems(facts: Facts) -> list[str]:
+    tf = facts.tensorflow
+    if tf is None:
+        return [f"TensorFlow does not import ({facts.errors.get('tensorflow', 'unknown error')}): the TensorFlow "
+                "chapters will not run; install tensorflow==2.15.1 (tensorflow-cpu without GPUs) and keras==2.15.0"]
+    if not tf["tensorflow"].startswith(EXPECTED["tensorflow"]):
+        return [f"TensorFlow {tf['tensorflow']} is not {EXPECTED['tensorflow']}: Horovod 0.28.1 does not build "
+                "against 2.16+ (Keras 3); install tensorflow==2.15.1 and keras==2.15.0"]
+    return []
+
+
+def _horovod_findings(facts: Facts) -> tuple[list[str], list[str]]:
+    """(problems, warnings) about Horovod, for a job that uses it."""
+    hvd, job = facts.horovod, facts.job
+    no_horovod = "--dist ddp" if "pytorch" in job.frameworks else "--dist mwms"
+    if hvd is None:
+        return [f"Horovod does not import ({facts.errors.get('horovod', 'unknown error')}); run scripts/setup.sh "
+                f"to build it, or use {no_horovod}, which needs no Horovod"], []
+    problems, warnings = [], []
+    if not any(hvd["controllers"].values()):
+        problems.append("Horovod was built with neither MPI nor Gloo, so no job can start; "
+                        "rebuild with HOROVOD_WITH_GLOO=1 (and HOROVOD_WITH_MPI=1)")
+    for framework in job.frameworks:
+        name, _ = _HOROVOD_BINDINGS[framework]
+        if not hvd["frameworks"].get(name):
+            message = (f"Horovod was built without {name} support; rebuild it after installing {name} "
+                       f"(HOROVOD_WITH_{name.upper()}=1), or use {no_horovod if framework == 'pytorch' else '--dist mwms'}")
+            # The whole guide needs Horovod for PyTorch; for TensorFlow only chapter 8 does.
+            (warnings if job.whole_guide and framework == "tensorflow" else problems).append(message)
+    if hvd["horovod"] != EXPECTED["horovod"]:
+        warnings.append(f"Horovod {hvd['horovod']} is not the {EXPECTED['horovod']} this guide is tested with")
+    if facts.gpus and not hvd["operations"].get("NCCL"):
+        warnings.append(f"{len(facts.gpus)} GPU(s) visible but Horovod was built without NCCL: gradients "
+                        "will be averaged through host memory; rebuild with HOROVOD_GPU_OPERATIONS=NCCL")
+    return problems, warnings
 
 
 def diagnose_job(job: SlurmJob, *, loader_workers: int = DEFAULT_LOADER_WORKERS,
@@ -227,21 +314,30 @@ def _mark(flags: Mapping[str, bool]) -> str:
 
 def render(facts: Facts, diagnosis: Diagnosis) -> str:
     """The report a person reads; one ``name: value`` line per fact."""
+    probed = facts.job.probes()
+    skipped = f"not checked (not used by {facts.job.describe()})"
     rows: list[tuple[str, str]] = [("host", facts.host), ("python", facts.python)]
     t = facts.torch
-    rows += [("torch", f"{t['torch']} (CUDA {t['torch_cuda'] or 'none'})" if t else "not usable"),
-             ("torchvision", t["torchvision"] if t else "not usable")]
+    if "torch" in probed:
+        rows += [("torch", f"{t['torch']} (CUDA {t['torch_cuda'] or 'none'})" if t else "not usable"),
+                 ("torchvision", t["torchvision"] if t else "not usable")]
+    else:
+        rows.append(("torch", skipped))
     tf = facts.tensorflow
-    rows.append(("tensorflow", f"{tf['tensorflow']} (Keras {tf['keras']})" if tf else "not usable"))
+    rows.append(("tensorflow", (f"{tf['tensorflow']} (Keras {tf['keras']})" if tf else "not usable")
+                 if "tensorflow" in probed else skipped))
     h = facts.horovod
-    if h:
+    if "horovod" not in probed:
+        rows.append(("horovod", skipped))
+    elif h:
         rows += [("horovod", h["horovod"]),
                  ("  frameworks", _mark(h["frameworks"])),
                  ("  controllers", _mark(h["controllers"])),
                  ("  tensor operations", _mark(h["operations"]))]
     else:
         rows.append(("horovod", "not usable"))
-    rows.append(("mpi", facts.mpi or "none on PATH"))
+    if "horovod" in probed:
+        rows.append(("mpi", facts.mpi or "none on PATH"))
     gpus = facts.gpus
     rows.append(("gpus", f"{len(gpus)} x {gpus[0]['name']} ({gpus[0]['memory_gib']} GiB)" if gpus else "none"))
     job = facts.slurm
@@ -259,14 +355,22 @@ def render(facts: Facts, diagnosis: Diagnosis) -> str:
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
     lines += [f"WARNING: {w}" for w in diagnosis.warnings]
     lines += [f"PROBLEM: {p}" for p in diagnosis.problems]
-    lines.append("stack usable: " + ("yes" if diagnosis.usable else "NO"))
+    lines.append("stack usable: " + ("yes" if diagnosis.usable else "NO") + f" (for {facts.job.describe()})")
     return "\n".join(lines)
 
 
+PROG = "python -m guide_utils doctor"
+
+
+@one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m guide_utils doctor",
+    parser = ArgumentParser(prog=PROG,
                             description="Report the software stack, GPUs and Slurm job, and warn about "
-                                        "misconfigurations. Exit status 1 when the stack cannot train.")
+                                        "misconfigurations. Exit status 1 when the stack cannot run the job.")
+    parser.add_argument("--framework", choices=FRAMEWORKS,
+                        help="the job's framework (default: check the whole guide)")
+    parser.add_argument("--dist", choices=sorted({*DISTS["pytorch"], *DISTS["tensorflow"]}),
+                        help="the job's --dist; Horovod is needed only for horovod (default: the whole guide)")
     parser.add_argument("--loader-workers", type=int, default=None,
                         help=f"DataLoader workers per task you plan to use (default: the --profile's, "
                              f"{DEFAULT_LOADER_WORKERS} for full)")
@@ -276,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.loader_workers is None:
         args.loader_workers = make_config(args.profile).loader_workers
-    facts = gather(loader_workers=args.loader_workers)
+    job = Job(args.framework or ("pytorch" if args.dist in ("ddp", "none") else
+                                 "tensorflow" if args.dist == "mwms" else None), args.dist)
+    facts = gather(loader_workers=args.loader_workers, job=job)
     diagnosis = diagnose(facts)
     if args.json:
         data = asdict(facts)

@@ -19,11 +19,37 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from ..errors import GuideError
 
 LAUNCHERS = ("horovodrun", "mpirun", "torchrun")
+# Variables by which MPI process managers announce a rank: OpenMPI's mpirun, MPICH/Intel
+# MPI's hydra and srun's pmi2 plugin (PMI_RANK), srun's pmix plugin and OpenMPI 5 (PMIX_RANK).
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 BIN = Path(sys.executable).parent
+
+
+def started_by(env: Mapping[str, str] | None = None) -> str | None:
+    """Which launcher started this process: ``horovodrun``, ``mpirun`` (any MPI process
+    manager, srun with an MPI plugin included), ``torchrun``, ``srun`` (a task of an srun
+    step without MPI), or None (a plain process, or the batch script itself).
+
+    >>> started_by({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) is None  # the batch script
+    True
+    >>> started_by({"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "PMIX_RANK": "1"})
+    'mpirun'
+    """
+    env = os.environ if env is None else env
+    if "HOROVOD_RANK" in env:
+        return "horovodrun"
+    if any(v in env for v in MPI_RANK_VARS):
+        return "mpirun"
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
+        return "torchrun"
+    if "SLURM_STEP_ID" in env:
+        return "srun"
+    return None
 
 
 def command(launcher: str, workers: int, module: str, args: list[str]) -> list[str]:

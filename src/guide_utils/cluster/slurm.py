@@ -87,6 +87,11 @@ class SlurmJob:
     localid: int | None = None
     nodeid: int | None = None
     array_task_id: int | None = None
+    # Set only inside an srun step: the batch script itself has SLURM_PROCID=0 too, so
+    # SLURM_PROCID alone is no proof that srun started this process.
+    step_id: int | None = None
+    step_ntasks: int | None = None
+    step_nodes: list[str] = field(default_factory=list)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "SlurmJob | None":
@@ -112,11 +117,19 @@ class SlurmJob:
             localid=_int(env, "SLURM_LOCALID"),
             nodeid=_int(env, "SLURM_NODEID"),
             array_task_id=_int(env, "SLURM_ARRAY_TASK_ID"),
+            step_id=_int(env, "SLURM_STEP_ID"),
+            step_ntasks=_int(env, "SLURM_STEP_NUM_TASKS"),
+            step_nodes=hostlist.expand_hostlist(env["SLURM_STEP_NODELIST"]) if env.get("SLURM_STEP_NODELIST") else [],
         )
 
     @property
     def num_nodes(self) -> int:
         return len(self.nodes)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether this process is a task of an srun step (not the batch script itself)."""
+        return self.step_id is not None
 
     @property
     def master_addr(self) -> str:
@@ -137,15 +150,17 @@ class SlurmJob:
         """The variables torch.distributed's ``env://`` init reads, for a task started by srun.
 
         torchrun sets these itself; under ``srun python train.py`` nobody does, which is why
-        tasks otherwise hang waiting for a rendezvous that never comes.
+        tasks otherwise hang waiting for a rendezvous that never comes. The world is the
+        step's tasks (a step may use fewer than the job has), meeting on the step's first node.
         """
-        if self.procid is None:
-            raise GuideError("SLURM_PROCID is not set: run this inside an srun task, not the batch script")
-        addr, port = self.rendezvous()
+        if not self.in_step or self.procid is None:
+            raise GuideError("not an srun task (SLURM_STEP_ID is unset: this is the batch script itself); "
+                             "start the training with srun or torchrun")
+        addr = self.step_nodes[0] if self.step_nodes else self.master_addr
         return {
             "MASTER_ADDR": addr,
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(self.ntasks),
+            "MASTER_PORT": str(self.master_port),
+            "WORLD_SIZE": str(self.step_ntasks or self.ntasks),
             "RANK": str(self.procid),
             "LOCAL_RANK": str(self.localid if self.localid is not None else 0),
         }

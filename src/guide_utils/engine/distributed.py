@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GuideError
+from ..cluster.launch import started_by
 from ..cluster.slurm import SlurmJob
 
 KINDS = ("none", "horovod", "ddp")
 
-# Variables by which each launcher announces a multi-process job. Used to catch
-# "--dist horovod" started as a plain `python ...`, which would silently train alone.
-_HOROVOD_LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
 @dataclass
@@ -118,15 +116,50 @@ def _pick_device(local_rank: int):
     return torch.device("cpu")
 
 
+def _no_launcher(kind: str, job: SlurmJob | None) -> GuideError:
+    """The error for a ``--dist`` run that no launcher started."""
+    if kind == "horovod":
+        how = "srun --mpi=pmix (the site's GUIDE_SRUN_MPI), mpirun or horovodrun"
+        what = "would train alone"
+    else:
+        how = "srun or torchrun"
+        what = "would wait for ranks that never come"
+    if job is not None:  # the batch script itself: SLURM_PROCID=0 is set there too
+        return GuideError(f"--dist {kind} was started directly in the batch script of job {job.job_id} and "
+                          f"{what}; launch it with {how}")
+    return GuideError(f"--dist {kind} needs a launcher: start it with {how}, e.g. "
+                      + ("horovodrun -np 2 python -m guide_utils.train ..." if kind == "horovod"
+                         else "torchrun --nproc-per-node 2 -m guide_utils.train ...")
+                      + " (or use --dist none for one process)")
+
+
 def _init_horovod() -> Dist:
-    if not any(v in os.environ for v in _HOROVOD_LAUNCHER_VARS):
-        raise GuideError("--dist horovod needs a launcher: start it with horovodrun -np N, mpirun -np N "
-                         "or srun (or use --dist none for one process)")
+    launcher = started_by()
+    job = SlurmJob.from_env()
+    if launcher is None:
+        raise _no_launcher("horovod", job)
+    if launcher == "srun" and job is not None and (job.step_ntasks or 1) > 1:
+        # srun without an MPI plugin: every task would become its own one-process Horovod job.
+        raise GuideError(f"srun started {job.step_ntasks} tasks without an MPI plugin, so Horovod would run "
+                         f"{job.step_ntasks} separate one-process jobs; use srun --mpi=pmix (see srun --mpi=list) "
+                         "or mpirun")
     try:
         import horovod.torch as hvd
     except ImportError as exc:
-        raise GuideError(f"Horovod for PyTorch does not import ({exc}); run scripts/setup.sh") from None
+        raise GuideError(f"Horovod for PyTorch does not import ({exc}); run scripts/setup.sh, "
+                         "or use --dist ddp, which needs no Horovod") from None
+    # srun started each task itself (rather than mpirun or horovodrun under it): then the
+    # step's task count is the world Horovod must see. Read before hvd.init(), which may set
+    # OpenMPI's own variables.
+    direct_srun = job is not None and job.in_step and not any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK",
+                                                                                      "HOROVOD_RANK"))
     hvd.init()
+    if direct_srun and job.step_ntasks and hvd.size() != job.step_ntasks:
+        # srun's PMI plugin and the MPI Horovod was built with did not meet: each task alone.
+        size = hvd.size()
+        hvd.shutdown()
+        raise GuideError(f"srun started {job.step_ntasks} tasks but Horovod sees {size}: the MPI Horovod was built "
+                         "with does not speak srun's PMI; try another --mpi= value (srun --mpi=list) or mpirun")
     local_rank = hvd.local_rank()
     return Dist("horovod", hvd.rank(), hvd.size(), local_rank, hvd.local_size(), _pick_device(local_rank), hvd)
 
@@ -134,19 +167,19 @@ def _init_horovod() -> Dist:
 def _init_ddp() -> Dist:
     import torch.distributed as tdist
 
-    env = os.environ
-    if "RANK" not in env:
-        # Started by srun without torchrun: derive the rendezvous from the Slurm job.
+    launcher = started_by()
+    if launcher != "torchrun":
         job = SlurmJob.from_env()
-        if job is None or job.procid is None:
-            raise GuideError("--dist ddp needs a launcher: start it with torchrun --nproc-per-node N "
-                             "or srun inside a Slurm job (or use --dist none for one process)")
-        os.environ.update({k: v for k, v in job.torch_distributed_env().items() if k not in env})
+        if launcher != "srun" or job is None:
+            raise _no_launcher("ddp", job)
+        # Started by srun without torchrun: derive the rendezvous from the Slurm step.
+        os.environ.update({k: v for k, v in job.torch_distributed_env().items() if k not in os.environ})
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(max(job.tasks_per_node or [1])))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = _pick_device(local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     tdist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", 1)))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, local_size, device)
 
 
