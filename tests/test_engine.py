@@ -88,6 +88,8 @@ def test_chained_runs_equal_one_unbroken_run(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resuming checkpoint-epoch0002.pt at epoch 2" in second.stdout
     assert _summary(tmp_path / "b")["weights_digests"] == _summary(tmp_path / "a")["weights_digests"]
+    # The chained record's summary means what the unbroken one's does: the best of all epochs.
+    assert _summary(tmp_path / "b")["best_val_top1_err"] == _summary(tmp_path / "a")["best_val_top1_err"]
 
 
 @pytest.mark.slow
@@ -215,8 +217,10 @@ def test_ddp_started_the_srun_way_finds_its_rendezvous_from_slurm(tmp_path):
     the variables srun would give them must form one job."""
     procs = []
     for rank in (0, 1):
+        # What srun sets in each task (measured on the test Slurm): the step's id and size too.
         env = _env(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_NTASKS="2",
-                   SLURM_TASKS_PER_NODE="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NODEID="0")
+                   SLURM_TASKS_PER_NODE="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NODEID="0",
+                   SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost")
         for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(var, None)
         procs.append(subprocess.Popen([*TRAIN, "--dist", "ddp", "--epochs", "1", "--results-dir", "r"],

@@ -97,3 +97,27 @@ def test_runs_starting_together_never_share_a_record(tmp_path, monkeypatch):
     assert first.path != second.path
     for r in (first, second):
         assert r.path.read_text().count('"type": "config"') == 1
+
+
+def test_a_resumed_runs_summary_covers_every_epoch_of_its_record(tmp_path):
+    """Both engines summarise through RunBook: after a resume the best validation error is the
+    best of the whole record, not only of the epochs trained since (the PyTorch engine once
+    reported the latter, the TensorFlow door the former)."""
+    from guide_utils.config import make_config
+    from guide_utils.engine.bookkeeping import RunBook
+    from guide_utils.engine.plan import RunPlan
+
+    cfg = make_config("smoke", results_dir=str(tmp_path), run_name="chunked")
+    plan = RunPlan.make(cfg, workers=1, samples_per_worker=3200)
+    row = {"lr": 0.1, "loss": 1.0, "train_top1_err": 50.0, "val_top5_err": 1.0, "seconds": 1.0}
+    first = RunBook(cfg, plan, framework="pytorch", prefix="[t]", is_root=True, data="d", environment=dict)
+    for epoch, err in ((1, 9.0), (2, 4.0)):
+        first.epoch({**row, "epoch": epoch, "val_top1_err": err})
+    again = RunBook(cfg, plan, framework="pytorch", prefix="[t]", is_root=True, data="d", environment=dict,
+                    run_name="chunked", resume=True)
+    for epoch, err in ((3, 6.0), (4, 7.0)):
+        again.epoch({**row, "epoch": epoch, "val_top1_err": err})
+    again.finish(completed_epochs=4, digests=["a", "a"])
+    run = read_run(tmp_path / "chunked.jsonl")
+    assert run.epochs["epoch"].tolist() == [1, 2, 3, 4]
+    assert run.summary["best_val_top1_err"] == 4.0 and run.summary["ranks_agree"]

@@ -13,7 +13,7 @@ import pytest
 
 from guide_utils.errors import GuideError
 from guide_utils.schedules import lr_at
-from guide_utils.tensorflow.engine import check_versions
+from guide_utils.tensorflow.runtime import check_versions
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -125,6 +125,8 @@ def test_a_rerun_resumes_from_the_checkpoint(tmp_path):
     lines = _lines(tmp_path / "r")  # one record, continued
     assert [line["epoch"] for line in lines if line["type"] == "epoch"] == [1, 2, 3]
     assert any(line["type"] == "resume" for line in lines)
+    summary = [line for line in lines if line["type"] == "summary"][-1]
+    assert summary["best_val_top1_err"] == min(line["val_top1_err"] for line in lines if line["type"] == "epoch")
 
 
 @pytest.mark.slow

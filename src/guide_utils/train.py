@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = make_config(profile, **{k: v for k, v in args.items() if k in fields})
 
-    from .engine.loop import EXIT_REQUEUE, train
+    from .engine import EXIT_REQUEUE, train
 
     result = train(cfg)
     return EXIT_REQUEUE if result.preempted else 0

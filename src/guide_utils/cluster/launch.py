@@ -52,6 +52,35 @@ def started_by(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def require_launcher(dist: str, env: Mapping[str, str] | None = None):
+    """``(launcher, slurm job)`` for a ``--dist`` run, or a GuideError when no launcher that
+    can start one started this process (the batch script itself, a plain ``python``, or
+    srun without an MPI plugin for Horovod)."""
+    from .slurm import SlurmJob
+
+    launcher = started_by(env)
+    job = SlurmJob.from_env(env)
+    usable = {"horovod": ("horovodrun", "mpirun", "srun"), "ddp": ("torchrun", "srun"),
+              "mwms": ("srun",) if job is not None else ()}[dist]
+    if launcher in usable and not (dist == "horovod" and launcher == "srun" and (job.step_ntasks or 1) > 1):
+        return launcher, job
+    if dist == "horovod" and launcher == "srun":
+        # srun without an MPI plugin: every task would become its own one-process Horovod job.
+        raise GuideError(f"srun started {job.step_ntasks} tasks without an MPI plugin, so Horovod would run "
+                         f"{job.step_ntasks} separate one-process jobs; use srun --mpi=pmix (see srun --mpi=list) "
+                         "or mpirun")
+    how, what = {"horovod": ("srun --mpi=pmix (the site's GUIDE_SRUN_MPI), mpirun or horovodrun", "would train alone"),
+                 "ddp": ("srun or torchrun", "would wait for ranks that never come"),
+                 "mwms": ("srun, one task per worker", "would wait for workers that never come")}[dist]
+    if job is not None:  # the batch script itself: SLURM_PROCID=0 is set there too
+        raise GuideError(f"--dist {dist} was started directly in the batch script of job {job.job_id} and "
+                         f"{what}; launch it with {how}")
+    example = {"horovod": "horovodrun -np 2 python -m guide_utils.train ...",
+               "ddp": "torchrun --nproc-per-node 2 -m guide_utils.train ..."}.get(dist, "")
+    raise GuideError(f"--dist {dist} needs a launcher: start it with {how}" + (f", e.g. {example}" if example else "")
+                     + " (or use --dist none for one process)")
+
+
 def command(launcher: str, workers: int, module: str, args: list[str]) -> list[str]:
     """The argv that starts ``workers`` copies of ``python -m module args``."""
     python = [sys.executable, "-m", module, *args]

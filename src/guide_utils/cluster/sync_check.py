@@ -15,7 +15,6 @@ With ``--out DIR`` each rank also writes ``DIR/rank<N>.json`` for tests to inspe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -24,14 +23,13 @@ from pathlib import Path
 
 from ..cli import ArgumentParser, one_line_errors
 from ..errors import GuideError
+from ..engine.bookkeeping import weights_digest
 from ..engine.distributed import KINDS, init
 
 
 def _digest(module) -> str:
-    h = hashlib.sha256()
-    for tensor in module.state_dict().values():
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    """The engines' weights digest (``engine.bookkeeping.weights_digest``) of ``module``."""
+    return weights_digest((name, p.detach().cpu().contiguous().numpy()) for name, p in module.named_parameters())
 
 
 def run(kind: str, steps: int = 5, batch: int = 16, out: Path | None = None) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GuideError
-from ..cluster.launch import started_by
+from ..cluster.launch import require_launcher
 from ..cluster.slurm import SlurmJob
 
 KINDS = ("none", "horovod", "ddp")
@@ -116,33 +116,8 @@ def _pick_device(local_rank: int):
     return torch.device("cpu")
 
 
-def _no_launcher(kind: str, job: SlurmJob | None) -> GuideError:
-    """The error for a ``--dist`` run that no launcher started."""
-    if kind == "horovod":
-        how = "srun --mpi=pmix (the site's GUIDE_SRUN_MPI), mpirun or horovodrun"
-        what = "would train alone"
-    else:
-        how = "srun or torchrun"
-        what = "would wait for ranks that never come"
-    if job is not None:  # the batch script itself: SLURM_PROCID=0 is set there too
-        return GuideError(f"--dist {kind} was started directly in the batch script of job {job.job_id} and "
-                          f"{what}; launch it with {how}")
-    return GuideError(f"--dist {kind} needs a launcher: start it with {how}, e.g. "
-                      + ("horovodrun -np 2 python -m guide_utils.train ..." if kind == "horovod"
-                         else "torchrun --nproc-per-node 2 -m guide_utils.train ...")
-                      + " (or use --dist none for one process)")
-
-
 def _init_horovod() -> Dist:
-    launcher = started_by()
-    job = SlurmJob.from_env()
-    if launcher is None:
-        raise _no_launcher("horovod", job)
-    if launcher == "srun" and job is not None and (job.step_ntasks or 1) > 1:
-        # srun without an MPI plugin: every task would become its own one-process Horovod job.
-        raise GuideError(f"srun started {job.step_ntasks} tasks without an MPI plugin, so Horovod would run "
-                         f"{job.step_ntasks} separate one-process jobs; use srun --mpi=pmix (see srun --mpi=list) "
-                         "or mpirun")
+    launcher, job = require_launcher("horovod")
     try:
         import horovod.torch as hvd
     except ImportError as exc:
@@ -167,11 +142,8 @@ def _init_horovod() -> Dist:
 def _init_ddp() -> Dist:
     import torch.distributed as tdist
 
-    launcher = started_by()
+    launcher, job = require_launcher("ddp")
     if launcher != "torchrun":
-        job = SlurmJob.from_env()
-        if launcher != "srun" or job is None:
-            raise _no_launcher("ddp", job)
         # Started by srun without torchrun: derive the rendezvous from the Slurm step.
         os.environ.update({k: v for k, v in job.torch_distributed_env().items() if k not in os.environ})
         os.environ.setdefault("LOCAL_WORLD_SIZE", str(max(job.tasks_per_node or [1])))

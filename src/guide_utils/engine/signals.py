@@ -33,3 +33,27 @@ def take_early_signal() -> int | None:
     global _received
     signum, _received = _received, None
     return signum
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGUSR1 (what Slurm sends before the time limit with --signal), for
+    the duration of a ``with`` block; a signal caught by :func:`catch_early` during
+    start-up counts too, so the run stops at its first step."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopFlag":
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        self.signum = take_early_signal()
+        return self
+
+    def _handle(self, signum, _frame) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -214,7 +214,7 @@ def _world_size() -> int:
 
 def execute(name: str, profile: str, index: int | None = None, **overrides: Any) -> list:
     """Run the chosen runs through the engine; each writes its run record."""
-    from ..engine.loop import train
+    from ..engine import train
 
     results = []
     for i, run, command in plan(name, profile, index):

@@ -78,7 +78,7 @@ def points(ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS, methods: Iterab
 def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     """Train one point through the engine; returns its row of the results table."""
     from ..config import make_config
-    from ..engine.loop import train
+    from ..engine import train
     from ..scaling import scaled_lr
 
     cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))

@@ -1,0 +1,82 @@
+"""The run plan: what a data-parallel run will do, decided once from the settings and the
+world it starts in. The PyTorch engine and the TensorFlow door both train by it, so a
+setting means the same thing in both.
+
+>>> from guide_utils.config import make_config
+>>> plan = RunPlan.make(make_config("full", warmup="gradual"), workers=32, samples_per_worker=40_036)
+>>> (plan.global_batch, plan.peak_lr, plan.steps_per_epoch)
+(4096, 1.6, 312)
+>>> round(plan.lr_at(0.0), 3), round(plan.lr_at(5.0), 3)
+(0.05, 1.6)
+>>> plan.describe()
+'32 worker(s) x 128 = global batch 4096; peak lr 1.6 (linear rule), warmup gradual 5 epochs'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import TrainConfig
+from ..errors import GuideError
+from ..scaling import global_batch, scaled_lr
+from ..schedules import lr_at
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    workers: int
+    per_worker_batch: int
+    global_batch: int
+    lr_scaling: str
+    peak_lr: float
+    steps_per_epoch: int
+    epochs: int
+    schedule: dict[str, Any]  # the keyword arguments of schedules.lr_at
+
+    @classmethod
+    def make(cls, cfg: TrainConfig, *, workers: int, samples_per_worker: int, data_name: str = "the dataset",
+             local_batch: int | None = None) -> "RunPlan":
+        """The plan for ``workers`` processes that each see ``samples_per_worker`` samples per
+        epoch in batches of ``local_batch`` (default: the per-worker batch; TensorFlow's
+        MultiWorkerMirroredStrategy feeds the global batch and splits it itself)."""
+        gbatch = global_batch(cfg.per_worker_batch, workers)
+        peak = scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling)
+        local = local_batch or cfg.per_worker_batch
+        steps = samples_per_worker // local
+        if steps == 0:
+            raise GuideError(f"{data_name}: each of {workers} worker(s) gets {samples_per_worker} samples, fewer than "
+                             f"one batch of {local} (--per-worker-batch {cfg.per_worker_batch}); use a smaller "
+                             "batch or fewer workers")
+        if cfg.max_steps_per_epoch:
+            steps = min(steps, cfg.max_steps_per_epoch)
+        schedule = {"peak_lr": peak, "warmup": cfg.warmup, "warmup_epochs": cfg.warmup_epochs,
+                    # Gradual warmup starts from one worker's learning rate (thesis, Appendix 13).
+                    "warmup_start_lr": cfg.warmup_start_lr() if cfg.warmup == "gradual" else None,
+                    "milestones": tuple(cfg.milestones), "gamma": cfg.gamma}
+        lr_at(0.0, **schedule)  # an impossible schedule fails here, before any work
+        return cls(workers, cfg.per_worker_batch, gbatch, cfg.lr_scaling, peak, steps, cfg.epochs, schedule)
+
+    def lr_at(self, epoch: float) -> float:
+        """The learning rate at (fractional) ``epoch``."""
+        return lr_at(epoch, **self.schedule)
+
+    def describe(self) -> str:
+        warmup = self.schedule["warmup"]
+        if warmup != "none":
+            warmup += f" {self.schedule['warmup_epochs']} epochs"
+        return (f"{self.workers} worker(s) x {self.per_worker_batch} = global batch {self.global_batch}; "
+                f"peak lr {self.peak_lr:g} ({self.lr_scaling} rule), warmup {warmup}")
+
+    def record(self) -> dict[str, Any]:
+        """What the run record keeps of the plan (beside the settings themselves)."""
+        return {"workers": self.workers, "global_batch": self.global_batch, "peak_lr": self.peak_lr,
+                "steps_per_epoch": self.steps_per_epoch}
+
+
+def default_run_name(cfg: TrainConfig, workers: int, framework: str = "pytorch") -> str:
+    """A record name that says what ran, e.g. ``mnist1d_cnn-mnist1d-horovod-2x32-linear-gradual1-seed0``."""
+    warmup = cfg.warmup + (str(cfg.warmup_epochs) if cfg.warmup != "none" else "")
+    name = f"{cfg.model}-{Path(cfg.data).name}-{cfg.dist}-{workers}x{cfg.per_worker_batch}-{cfg.lr_scaling}-{warmup}"
+    return ("tf-" if framework == "tensorflow" else "") + f"{name}-seed{cfg.seed}"

@@ -1,0 +1,126 @@
+"""Everything a PyTorch run carries from step to step, and how it survives a restart.
+
+:func:`build` makes the optimizer, the learning-rate scheduler and (for fp16) the gradient
+scaler, restores them from the newest checkpoint when there is one, and lets the
+distribution backend wrap model and optimizer; :func:`save` writes the state back. The
+order matters for an exact resume: weights before the broadcast, the optimizer's state
+after Horovod has wrapped it, the random generators last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import TrainConfig
+from ..errors import GuideError
+from . import checkpoint
+from .plan import RunPlan
+
+
+@dataclass
+class TrainingState:
+    model: Any  # what the loop calls: wrapped by DDP, compiled with --compile
+    module: Any  # the plain model (checkpoints, digests, evaluation)
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    memory_format: Any
+    autocast: Callable[[], Any]
+    meta: dict[str, Any]
+    start_epoch: int = 0
+    start_position: int = 0
+    partial: list[float] | None = None  # metric sums of the epoch a stop interrupted
+    run_name: str | None = None
+    loaded: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_device(self, images, target, *, non_blocking: bool = True):
+        device = next(self.module.parameters()).device
+        if images.dim() == 4:
+            images = images.to(device, non_blocking=non_blocking, memory_format=self.memory_format)
+        else:
+            images = images.to(device, non_blocking=non_blocking)
+        return images, target.to(device, non_blocking=non_blocking)
+
+    @property
+    def resuming(self) -> str:
+        """How the banner says where the run picks up (empty for a fresh start)."""
+        if self.loaded is None:
+            return ""
+        return f", resuming {self.loaded.name} at epoch {self.start_epoch} sample {self.start_position}"
+
+
+def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_classes: int) -> TrainingState:
+    """Optimizer, scheduler and scaler for ``model``; resumed from the newest checkpoint in
+    ``cfg.checkpoint_dir`` if there is one; model and optimizer prepared by ``dist``."""
+    import torch
+
+    from ..schedules import torch_scheduler
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=plan.peak_lr, momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay)
+    scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
+    meta = {"model": cfg.model, "data": data_name, "num_classes": num_classes,
+            "per_worker_batch": cfg.per_worker_batch, "workers": plan.workers}
+    loaded = checkpoint.load_latest(Path(cfg.checkpoint_dir), expect=meta, map_location="cpu") \
+        if cfg.checkpoint_dir else None
+    resume = {}
+    if loaded is not None:
+        st = loaded.state
+        model.load_state_dict(st["model"])  # on every rank: all read the same file
+        resume = {"start_epoch": int(st["epoch"]), "start_position": int(st["position"]),
+                  "run_name": st.get("run_name") or cfg.run_name, "partial": st.get("partial"),
+                  "loaded": loaded.path}
+        if scaler is not None and "scaler" in st:
+            scaler.load_state_dict(st["scaler"])
+    _ranks_agree_on_the_checkpoint(cfg, dist, resume)
+    module = model
+    model, optimizer = dist.prepare(model, optimizer, fp16_allreduce=cfg.fp16_allreduce)
+    scheduler = torch_scheduler(optimizer, steps_per_epoch=plan.steps_per_epoch, **plan.schedule)
+    if loaded is not None:
+        scheduler.load_state_dict(loaded.state["scheduler"])
+        # Last: it restores momentum buffers and the learning rate of the next step.
+        optimizer.load_state_dict(loaded.state["optimizer"])
+        checkpoint.set_rng_state(loaded.state["rng"])
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    return TrainingState(model=torch.compile(model) if cfg.compile else model, module=module,
+                         optimizer=optimizer, scheduler=scheduler, scaler=scaler, memory_format=memory_format,
+                         autocast=_autocast(cfg, dist.device), meta=meta,
+                         **{"run_name": cfg.run_name, **resume})
+
+
+def _autocast(cfg: TrainConfig, device) -> Callable[[], Any]:
+    if cfg.amp == "none":
+        return contextlib.nullcontext
+    import torch
+
+    dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def _ranks_agree_on_the_checkpoint(cfg: TrainConfig, dist, resume: dict) -> None:
+    # Every rank reads the checkpoint itself (Horovod's optimizer-state broadcast would first
+    # take a weight-decay step on the ranks without state), so all must see the same one.
+    positions = dist.allgather_object((resume.get("start_epoch", 0), resume.get("start_position", 0)))
+    if len(set(positions)) > 1:
+        raise GuideError(f"ranks found different checkpoints in {cfg.checkpoint_dir} ({sorted(set(positions))}); "
+                         "--checkpoint-dir must be on a filesystem every node shares")
+
+
+def save(cfg: TrainConfig, dist, state: TrainingState, run_name: str | None, *, epoch: int, position: int,
+         partial: list[float] | None) -> None:
+    """Rank 0 writes the checkpoint for (epoch, position); the others have nothing to do."""
+    if not dist.is_root:
+        return
+    snapshot = {"meta": state.meta, "model": state.module.state_dict(), "optimizer": state.optimizer.state_dict(),
+                "scheduler": state.scheduler.state_dict(), "epoch": epoch, "position": position,
+                "rng": checkpoint.rng_state(), "run_name": run_name}
+    if partial is not None:
+        snapshot["partial"] = partial
+    if state.scaler is not None:
+        snapshot["scaler"] = state.scaler.state_dict()
+    step = position // cfg.per_worker_batch if position else None
+    checkpoint.save(Path(cfg.checkpoint_dir), snapshot, epoch=epoch, step=step, keep=cfg.keep_checkpoints)

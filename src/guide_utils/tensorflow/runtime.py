@@ -1,0 +1,132 @@
+"""TensorFlow's side of a run: which TensorFlow/Keras it can be (Horovod 0.28.1 builds
+against TensorFlow up to 2.15, the last with Keras 2), and how the workers find each other:
+Horovod, or TensorFlow's own MultiWorkerMirroredStrategy with the cluster taken from Slurm.
+
+>>> check_versions("2.15.1", "2.15.0")
+>>> check_versions("2.16.1", "3.3.3")
+Traceback (most recent call last):
+...
+guide_utils.errors.GuideError: TensorFlow 2.16.1 with Keras 3.3.3: Horovod 0.28.1 supports Keras 2 only (TensorFlow <= 2.15; 2.16 switched to Keras 3); install tensorflow-cpu==2.15.1 (or tensorflow==2.15.1 on GPUs) and keras==2.15.0, as requirements.txt pins
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import GuideError
+
+MIN_TF, MAX_TF = (2, 9), (2, 15)
+DISTS = ("none", "horovod", "mwms")
+
+
+def check_versions(tf_version: str, keras_version: str) -> None:
+    """Refuse TensorFlow/Keras combinations Horovod 0.28.1 cannot work with, in one line."""
+    try:
+        tf_v = tuple(int(p) for p in tf_version.split(".")[:2])
+        keras_major = int(keras_version.split(".")[0])
+    except ValueError:
+        raise GuideError(f"cannot read the TensorFlow/Keras versions {tf_version!r}/{keras_version!r}") from None
+    fix = "install tensorflow-cpu==2.15.1 (or tensorflow==2.15.1 on GPUs) and keras==2.15.0, as requirements.txt pins"
+    if keras_major >= 3 or tf_v > MAX_TF:
+        raise GuideError(f"TensorFlow {tf_version} with Keras {keras_version}: Horovod 0.28.1 supports Keras 2 only "
+                         f"(TensorFlow <= 2.15; 2.16 switched to Keras 3); {fix}")
+    if tf_v < MIN_TF:
+        raise GuideError(f"TensorFlow {tf_version} is too old for this guide (needs 2.9 to 2.15); {fix}")
+
+
+def keras_version() -> str:
+    """The Keras that ``tf.keras`` is (the ``keras`` package; Keras 3 when TensorFlow >= 2.16)."""
+    try:
+        import keras
+    except ImportError:
+        import tensorflow as tf
+
+        return getattr(tf.keras, "__version__", "0")
+    return keras.__version__
+
+
+@dataclass
+class TFDist:
+    kind: str
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    hvd: Any = None
+    strategy: Any = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def allgather_object(self, obj):
+        if self.kind == "horovod":
+            import horovod.tensorflow
+
+            return horovod.tensorflow.allgather_object(obj)
+        return [obj]  # mwms: mirrored variables are kept identical by the strategy itself
+
+
+def init(kind: str) -> TFDist:
+    """Start the TensorFlow side of distribution; pins one GPU per process where there are GPUs."""
+    if kind not in DISTS:
+        raise GuideError(f"--dist {kind} is not available with TensorFlow; choose from {', '.join(DISTS)} "
+                         "(DDP is PyTorch's)")
+    if kind == "horovod":
+        return _init_horovod()
+    if kind == "mwms":
+        return _init_mwms()
+    return TFDist("none")
+
+
+def _init_horovod() -> TFDist:
+    import tensorflow as tf
+
+    from ..cluster.launch import require_launcher
+
+    require_launcher("horovod")
+    try:
+        import horovod.tensorflow.keras as hvd
+    except ImportError as exc:
+        raise GuideError(f"Horovod's TensorFlow support is missing ({exc}); rebuild Horovod with "
+                         "HOROVOD_WITH_TENSORFLOW=1 (scripts/setup.sh does), or use --dist mwms") from None
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    return TFDist("horovod", hvd.rank(), hvd.size(), hvd.local_rank(), hvd=hvd)
+
+
+def _init_mwms() -> TFDist:
+    """MultiWorkerMirroredStrategy over the workers TF_CONFIG lists, or over the tasks of
+    the srun step this process belongs to."""
+    import os
+
+    import tensorflow as tf
+
+    from ..cluster.launch import require_launcher
+
+    if "TF_CONFIG" in os.environ:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    else:
+        _, job = require_launcher("mwms")
+        # Each task gets port_base + its index on the node; the base follows the job id,
+        # like the PyTorch rendezvous, so two jobs sharing a node do not collide.
+        if job.gpus_per_node:
+            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+                port_base=job.master_port + 1000, gpus_per_node=job.gpus_per_node)
+        else:
+            # The resolver pairs every task with GPU ids and lists no task without one: on
+            # CPU nodes give it one notional GPU per task and keep it from setting
+            # CUDA_VISIBLE_DEVICES.
+            per_node = max(job.tasks_per_node or [job.step_ntasks or job.ntasks])
+            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+                port_base=job.master_port + 1000, gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
+    gpus = tf.config.list_physical_devices("GPU")
+    impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
+            else tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver,
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+    return TFDist("mwms", rank=int(resolver.task_id or 0), size=strategy.num_replicas_in_sync, strategy=strategy)
