@@ -77,17 +77,27 @@ def test_two_jobs_on_one_node_get_different_ports():
     assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
 
 
+# What srun adds in each task of a step (the batch script has none of these).
+SRUN_TASK = {**THESIS_32_GPU, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "32",
+             "SLURM_STEP_NODELIST": "r01g[01-04],r02g[01-04]"}
+
+
 def test_torch_env_for_an_srun_task():
-    env = SlurmJob.from_env(THESIS_32_GPU).torch_distributed_env()
+    env = SlurmJob.from_env(SRUN_TASK).torch_distributed_env()
     assert env == {"MASTER_ADDR": "r01g01", "MASTER_PORT": "20337", "WORLD_SIZE": "32", "RANK": "13",
                    "LOCAL_RANK": "1"}
 
 
 def test_torch_env_needs_an_srun_task():
-    env = dict(THESIS_32_GPU)
-    del env["SLURM_PROCID"]
-    with pytest.raises(GuideError, match="SLURM_PROCID"):
-        SlurmJob.from_env(env).torch_distributed_env()
+    # The batch script itself has SLURM_PROCID=0 but is no task of a step.
+    with pytest.raises(GuideError, match="batch script itself"):
+        SlurmJob.from_env(THESIS_32_GPU).torch_distributed_env()
+
+
+def test_a_step_smaller_than_the_job_is_its_own_world():
+    env = SlurmJob.from_env({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NODELIST": "r02g[01-02]",
+                             "SLURM_PROCID": "3"}).torch_distributed_env()
+    assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["RANK"]) == ("8", "r02g01", "3")
 
 
 @pytest.mark.parametrize("bad", [{"SLURM_NTASKS": "many"}, {"SLURM_TASKS_PER_NODE": "4(y2)"}])
