@@ -1,24 +1,31 @@
 # The two commands the README documents. Both set up a fresh machine first (scripts/setup.sh:
-# Debian packages when root, .venv, pinned packages, the Horovod build); the set-up is a
-# no-op when nothing changed.
+# Debian packages when root, .venv, the locked packages, the Horovod build); the set-up is
+# a no-op when nothing changed.
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 VENV ?= .venv
 export VENV
 
-.PHONY: setup book test clean-book
+.PHONY: setup book test lock clean-book
 
 setup:
 	scripts/setup.sh
 
-# Executes every notebook in _toc.yml at laptop scale, then builds _build/html.
-# -W -n --keep-going: every Sphinx warning (broken reference, unexecuted notebook) fails it.
+# Executes every notebook in _toc.yml at laptop scale (two at a time; unchanged ones come
+# from the execution cache, which is emptied when guide_utils or the pins change), then
+# builds _build/html strictly: any Sphinx warning fails it.
 book: setup
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	$(VENV)/bin/python scripts/book.py
 
-# The whole suite: unit, multi-process, notebooks (nbval), the book build.
+# The whole suite: unit, doctests, multi-process, real Slurm jobs, the book build (each
+# notebook executed once). The slowest tests are listed at the end.
 test: setup
-	$(VENV)/bin/python -m pytest tests notebooks --nbval-lax -p no:cacheprovider
+	$(VENV)/bin/python -m pytest tests src --doctest-modules -p no:cacheprovider --durations=25
+
+# Pin every installed distribution after a change to requirements.txt (then commit the lock).
+lock:
+	{ sed -n '1,3p' requirements.lock; $(VENV)/bin/python -m pip freeze --all --exclude-editable | LC_ALL=C sort -f; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
 
 clean-book:
 	rm -rf _build

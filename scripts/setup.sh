@@ -17,7 +17,7 @@ PYTHON=${PYTHON:-python3.11}
 HOROVOD_VERSION=0.28.1
 # Debian packages: OpenMPI (mpirun + mpicc/headers for Horovod's MPI controller), CMake
 # < 4 (Horovod's bundled gloo declares an old cmake_minimum_required), a C++ compiler,
-# shellcheck for the sbatch examples, and Slurm + munge, which the tests start as a
+# the ShellCheck linter for the sbatch examples, and Slurm + munge, which the tests start as a
 # two-node cluster on this machine to run every sbatch example.
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make shellcheck slurm-wlm munge)
 
@@ -54,13 +54,15 @@ pip_install() {
     "${pip[@]}" install -q "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
 }
 
-# --- pinned packages (re-installed only when requirements.txt changes) --------------
+# --- pinned packages (re-installed only when requirements.txt or the lock changes) ---
+# requirements.txt names what the guide needs; requirements.lock pins every distribution
+# (dependencies of dependencies too) and constrains every install below.
 stamp="$VENV/.requirements.sha256"
-want=$(sha256sum requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(sha256sum requirements.txt requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
-    say "installing pinned packages from requirements.txt (first time: ~2 min)"
-    pip_install --upgrade "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
-    pip_install -r requirements.txt
+    say "installing the locked packages (first time: ~2 min)"
+    pip_install --upgrade -c requirements.lock pip setuptools wheel
+    pip_install -r requirements.txt -c requirements.lock
     pip_install --no-deps -e .
     echo "$want" >"$stamp"
 fi
@@ -84,7 +86,6 @@ horovod_ok() {
 if horovod_ok; then
     say "Horovod $HOROVOD_VERSION already built with ${want_frameworks[*]}"
 else
-    say "building Horovod $HOROVOD_VERSION with ${want_frameworks[*]} (~7 min on 2 cores)"
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     build_env=(
         HOROVOD_CMAKE="$repo/scripts/horovod/cmake-wrapper.sh"
@@ -107,13 +108,31 @@ else
         build_env+=(CUDAToolkit_ROOT="$shim" CUDA_HOME="$shim")
     fi
     log="$VENV/horovod-build.log"
-    if ! env "${build_env[@]}" "${pip[@]}" install --no-build-isolation --no-cache-dir -v \
-        "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
-        tail -n 40 "$log" >&2
-        die "Horovod build failed; full log: $log"
+    # The compiled wheel is kept, keyed by everything the build depends on, so another clone
+    # on this machine installs it in seconds (pip caches wheels the same way; its own cache
+    # cannot be used here because the build depends on environment variables it ignores).
+    torch_tf=$("$VENV/bin/python" -c 'import torch, tensorflow as tf; print(torch.__version__, tf.__version__)' 2>/dev/null || true)
+    flags="${build_env[*]}" && flags=${flags//$VENV/} && flags=${flags//$repo/}  # the same in every clone
+    key=$(printf '%s\n' "$HOROVOD_VERSION" "$torch_tf" "$("$VENV/bin/python" -V)" "$flags" \
+          "$(cat scripts/horovod/* | sha256sum)" "$(mpicc --showme:version 2>/dev/null || true)" | sha256sum | cut -c1-16)
+    wheels="${GUIDE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/guide_utils}/wheels/horovod-$key"
+    wheel=$(find "$wheels" -name 'horovod-*.whl' 2>/dev/null | head -n 1)
+    if [[ -n "$wheel" ]] && "${pip[@]}" install --no-deps -q "$wheel" >"$log" 2>&1 && horovod_ok; then
+        say "Horovod $HOROVOD_VERSION installed from the wheel built earlier ($wheel)"
+    else
+        say "building Horovod $HOROVOD_VERSION with ${want_frameworks[*]} (~7 min on 2 cores)"
+        build=$(mktemp -d)
+        if ! env "${build_env[@]}" "${pip[@]}" wheel --no-deps --no-build-isolation --no-cache-dir -v \
+            -w "$build" "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
+            tail -n 40 "$log" >&2
+            die "Horovod build failed; full log: $log"
+        fi
+        pip_install -c requirements.lock "$build"/horovod-*.whl
+        horovod_ok || { "$VENV/bin/horovodrun" --check-build >&2 || true; die "Horovod built but lacks one of: ${want_frameworks[*]}"; }
+        { mkdir -p "$wheels" && mv "$build"/horovod-*.whl "$wheels"/; } 2>/dev/null || say "could not keep the wheel in $wheels (no cache: the next clone builds again)"
+        rm -rf "$build"
+        say "Horovod $HOROVOD_VERSION built; log: $log"
     fi
-    horovod_ok || { "$VENV/bin/horovodrun" --check-build >&2 || true; die "Horovod built but lacks one of: ${want_frameworks[*]}"; }
-    say "Horovod $HOROVOD_VERSION built; log: $log"
 fi
 
 # The Jupyter kernel the notebooks name ("python3") must be this venv's Python.

@@ -1,8 +1,9 @@
-"""The whole Jupyter Book builds strictly, and every notebook in it really ran."""
+"""The whole Jupyter Book builds strictly, every notebook in it really ran (once), and the
+outputs the notebooks keep for comparison still come out the same."""
 
 from __future__ import annotations
 
-import shutil
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,13 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from nbval.plugin import coalesce_streams
 
 REPO = Path(__file__).resolve().parents[1]
-JB = Path(sys.executable).parent / "jupyter-book"
+BOOK = [sys.executable, str(REPO / "scripts" / "book.py")]
+sys.path.insert(0, str(REPO / "scripts"))
+import book as book_script  # noqa: E402
+import notebooks as notebook_policy  # noqa: E402
 
 pytestmark = [pytest.mark.book, pytest.mark.slow, pytest.mark.notebooks]
 
@@ -36,19 +41,6 @@ def test_every_notebook_is_in_the_toc_and_back():
         assert (REPO / f"{f}.md").exists() or (REPO / f"{f}.ipynb").exists(), f"{f} in _toc.yml does not exist"
 
 
-@pytest.fixture(scope="module")
-def built_book(tmp_path_factory):
-    """Build into a temporary directory with the same command as `make book` (never the repo's _build)."""
-    out = tmp_path_factory.mktemp("book")
-    proc = subprocess.run([str(JB), "build", str(REPO), "-W", "-n", "--keep-going", "--path-output", str(out)],
-                          capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        reports = out / "_build" / "html" / "reports"
-        pytest.fail(f"jupyter-book build failed ({proc.returncode}); reports: {reports if reports.exists() else 'none'}\n"
-                    f"{(proc.stdout + proc.stderr)[-6000:]}")
-    return out / "_build"
-
-
 def test_book_has_its_pages(built_book):
     html = built_book / "html"
     assert (html / "index.html").exists()
@@ -56,11 +48,15 @@ def test_book_has_its_pages(built_book):
         assert (html / f"{f}.html").exists(), f"no page for {f}"
 
 
+def executed(built_book: Path, name: str) -> nbformat.NotebookNode:
+    path = built_book / "jupyter_execute" / f"{name}.ipynb"
+    assert path.exists(), f"{name} was not executed by the build"
+    return nbformat.read(path, as_version=4)
+
+
 @pytest.mark.parametrize("name", toc_notebooks())
 def test_notebook_was_executed_without_errors(built_book, name):
-    executed = built_book / "jupyter_execute" / f"{name}.ipynb"
-    assert executed.exists(), f"{name} was not executed by the build"
-    nb = nbformat.read(executed, as_version=4)
+    nb = executed(built_book, name)
     code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
     assert code, f"{name} has no code"
     unrun = [i for i, c in enumerate(code) if c.execution_count is None]
@@ -69,6 +65,36 @@ def test_notebook_was_executed_without_errors(built_book, name):
     assert not errors, f"{name}: error output {errors[0].get('ename')}: {errors[0].get('evalue')}"
     # A notebook that "ran" without printing anything at all did not really run.
     assert any(c.outputs for c in code), f"{name}: no cell produced output"
+
+
+def _comparable(outputs) -> list:
+    """What nbval compares: streams merged per name, text and data, not images or metadata."""
+    out = []
+    for o in coalesce_streams([nbformat.from_dict(json.loads(json.dumps(o))) for o in outputs]):
+        if o.output_type == "stream":
+            out.append((o.name, o.text))
+        elif o.output_type in ("execute_result", "display_data"):
+            out.append({k: v for k, v in o.get("data", {}).items() if k.startswith("text/") and k != "text/latex"})
+        else:
+            out.append((o.output_type, o.get("ename"), o.get("evalue")))
+    return out
+
+
+CHECKED = [(name, i) for name in toc_notebooks()
+           for i, cell in enumerate(nbformat.read(REPO / f"{name}.ipynb", as_version=4).cells)
+           if notebook_policy.is_checked(cell)]
+
+
+@pytest.mark.parametrize("name, index", CHECKED, ids=[f"{n.split('/')[-1]}-cell{i}" for n, i in CHECKED])
+def test_checked_outputs_are_reproduced(built_book, name, index):
+    """nbval's check (the cells marked # NBVAL_CHECK_OUTPUT keep their outputs, which a new run
+    must reproduce), against the book build's execution instead of a second one."""
+    stored = nbformat.read(REPO / f"{name}.ipynb", as_version=4).cells[index]
+    ran = executed(built_book, name).cells[index]
+    assert ran.source == stored.source, f"{name} cell {index}: the executed notebook is not this one"
+    assert _comparable(ran.outputs) == _comparable(stored.outputs), (
+        f"{name} cell {index} printed something else; if that is intended, run "
+        f"scripts/notebooks.py refresh {name}.ipynb")
 
 
 def test_html_shows_the_executed_output(built_book):
@@ -81,15 +107,68 @@ def test_html_shows_the_executed_output(built_book):
     assert page.count("<img") >= 2  # the schedules and the quality figure
 
 
-def test_a_failing_notebook_fails_the_build(tmp_path):
+# --- the build itself, on a one-notebook book ------------------------------------------
+
+PROBE = """import time
+print("executed at", time.time_ns())"""
+
+
+@pytest.fixture
+def mini_book(tmp_path) -> Path:
+    """A book of one notebook that prints when it ran, with a stand-in library and pins."""
+    root = tmp_path / "mini"
+    (root / "src" / "guide_utils").mkdir(parents=True)
+    (root / "src" / "guide_utils" / "core.py").write_text("VERSION = 1\n")
+    (root / "requirements.txt").write_text("numpy\n")
+    (root / "requirements.lock").write_text("numpy==1.26.4\n")
+    config = yaml.safe_load((REPO / "_config.yml").read_text())
+    (root / "references.bib").write_text("")
+    config["bibtex_bibfiles"] = ["references.bib"]
+    config["exclude_patterns"] = ["src/*", "_build/*"]
+    (root / "_config.yml").write_text(yaml.safe_dump(config))
+    (root / "_toc.yml").write_text(yaml.safe_dump({"format": "jb-book", "root": "intro",
+                                                   "chapters": [{"file": "probe"}]}))
+    (root / "intro.md").write_text("# A one-notebook book\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Probe"), nbformat.v4.new_code_cell(PROBE)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / "probe.ipynb")
+    return root
+
+
+def _build(root: Path) -> tuple[subprocess.CompletedProcess, str | None]:
+    proc = subprocess.run([*BOOK, "--root", str(root), "--path-output", str(root)], capture_output=True, text=True,
+                          timeout=600)
+    page = root / "_build" / "html" / "probe.html"
+    stamp = [w for w in page.read_text().split() if w.isdigit() and len(w) > 15] if page.exists() else []
+    return proc, (stamp[0] if stamp else None)
+
+
+def test_the_cache_is_emptied_when_the_library_or_the_pins_change(mini_book):
+    first, ran_at = _build(mini_book)
+    assert first.returncode == 0 and ran_at, first.stdout + first.stderr
+    again, cached_at = _build(mini_book)
+    assert again.returncode == 0 and "come from the execution cache" in again.stdout
+    assert cached_at == ran_at, "an unchanged book must come from the cache"
+    (mini_book / "src" / "guide_utils" / "core.py").write_text("VERSION = 2\n")  # the library changed
+    changed, rerun_at = _build(mini_book)
+    assert changed.returncode == 0 and "emptying the execution cache" in changed.stdout, changed.stdout
+    assert rerun_at not in (None, ran_at), "after a library change the notebook must run again"
+
+
+def test_the_stamp_covers_library_and_pins(mini_book):
+    before = book_script.stamp(mini_book)
+    (mini_book / "requirements.lock").write_text("numpy==2.0.0\n")
+    assert book_script.stamp(mini_book) != before
+    (mini_book / "notes.md").write_text("prose does not change outputs\n")
+    assert book_script.stamp(mini_book) == book_script.stamp(mini_book)
+
+
+def test_a_failing_notebook_fails_the_build(mini_book):
     """The strict build must not publish a book whose notebook raised."""
-    copy = tmp_path / "repo"
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".venv", "_build", ".git", "results", "__pycache__"))
-    path = copy / "notebooks" / "00_environment.ipynb"
+    path = mini_book / "probe.ipynb"
     nb = nbformat.read(path, as_version=4)
-    nb.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('this cell is broken')"))
+    nb.cells.append(nbformat.v4.new_code_cell("raise RuntimeError('this cell is broken')"))
     nbformat.write(nb, path)
-    proc = subprocess.run([str(JB), "build", str(copy), "-W", "-n", "--keep-going"], capture_output=True,
-                          text=True, timeout=1800)
+    proc, _ = _build(mini_book)
     assert proc.returncode != 0
     assert "this cell is broken" in proc.stdout + proc.stderr

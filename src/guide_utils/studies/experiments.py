@@ -267,6 +267,8 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="print the runs and how to start each; run nothing")
     r.add_argument("--results-dir", help="where the run records go (default: results)")
     r.add_argument("--data", help="dataset (default: the profile's)")
+    r.add_argument("--epochs", type=int, help="train only the first N epochs of each run: a quick look at the "
+                                              "start of every curve before spending the whole allocation")
     return p
 
 
@@ -282,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print_plan(args.name, args.profile, args.index)
         return 0
-    overrides = {k: v for k, v in (("results_dir", args.results_dir), ("data", args.data)) if v}
+    overrides = {k: v for k, v in (("results_dir", args.results_dir), ("data", args.data), ("epochs", args.epochs))
+                 if v is not None}
     for result in execute(args.name, args.profile, args.index, **overrides):
         print(f"[experiments] {result.run_name}: record {result.record_path}")
     return 0

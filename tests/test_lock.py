@@ -1,0 +1,33 @@
+"""The lock pins the whole stack: what is installed is exactly what requirements.lock says."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _canonical(line: str) -> str:
+    name, _, version = line.strip().partition("==")
+    return f"{re.sub(r'[-_.]+', '-', name).lower()}=={version}"
+
+
+def _pins(text: str) -> set[str]:
+    return {_canonical(line) for line in text.splitlines() if line.strip() and not line.startswith("#")}
+
+
+def test_the_environment_is_the_lock():
+    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"],
+                            capture_output=True, text=True, check=True).stdout
+    installed, locked = _pins(frozen), _pins((REPO / "requirements.lock").read_text())
+    assert installed - locked == set() and locked - installed == set(), (
+        f"installed but not locked: {sorted(installed - locked)}; locked but not installed: "
+        f"{sorted(locked - installed)}; after changing requirements.txt run `make lock` and commit the lock")
+
+
+def test_every_requirement_is_locked_at_its_pinned_version():
+    locked = _pins((REPO / "requirements.lock").read_text())
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            assert _canonical(line.split("#")[0]) in locked, f"{line.strip()} is not what the lock pins"
