@@ -57,6 +57,36 @@ def test_smoke_run_writes_a_record(tmp_path):
     assert rows[-1]["val_top1_err"] < 80
 
 
+def test_the_optimizer_flag_chooses_the_class():
+    import torch
+    from timm.optim import Lamb, Lars
+
+    from guide_utils.config import make_config
+    from guide_utils.engine.state import make_optimizer
+
+    params = [torch.nn.Parameter(torch.ones(3))]
+    for name, cls in (("sgd", torch.optim.SGD), ("lars", Lars), ("lamb", Lamb)):
+        opt = make_optimizer(make_config("smoke", optimizer=name), params, lr=0.4)
+        assert type(opt) is cls and opt.param_groups[0]["lr"] == 0.4
+        assert opt.param_groups[0]["weight_decay"] == 1e-4
+
+
+@pytest.mark.slow
+def test_a_monitored_run_records_utilisation_over_time(tmp_path):
+    from guide_utils.config import make_config
+    from guide_utils.engine import train
+    from guide_utils.results.records import read_run
+
+    result = train(make_config("smoke", epochs=2, results_dir=str(tmp_path), progress=False, monitor=0.2))
+    samples = read_run(result.record_path).samples
+    assert len(samples) >= 3, "a sample every 0.2 s of a run of seconds"
+    assert samples["t"].is_monotonic_increasing and (samples["process_cpu_percent"] > 0).any()
+    assert {"cpu_percent", "memory_used_gib", "process_rss_gib"} <= set(samples.columns)
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "guide-monitor"], "the sampler must stop with the run"
+
+
 def test_gradual_warmup_starts_at_the_warmup_start_batch_rate(tmp_path):
     """One process emulating 8 workers of 32: warmup climbs from 32's rate, not 256's."""
     from guide_utils.config import make_config
@@ -138,15 +168,24 @@ def _root_env():
     return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
 
 
+# Each launcher also trains with one of the large-batch optimizers: Horovod's
+# DistributedOptimizer re-creates the optimizer's class around its own, so LARS and LAMB
+# must both survive it; DDP only hooks the gradients. (SGD runs under every launcher in
+# the Slurm examples and the notebooks.)
+OPTIMIZER_FOR = {"horovod-gloo": "lamb", "horovod-mpi": "lars", "ddp-torchrun": "lars"}
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_two_workers_end_with_identical_weights(tmp_path, launcher):
-    cmd = _launch(launcher, 2, ["--epochs", "2", "--results-dir", "r"])
+    optimizer = OPTIMIZER_FOR[launcher]
+    cmd = _launch(launcher, 2, ["--epochs", "2", "--results-dir", "r", "--optimizer", optimizer])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(**_root_env()), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = _records(tmp_path / "r")
     assert records[0]["config"]["workers"] == 2 and records[0]["config"]["global_batch"] == 64
+    assert records[0]["config"]["optimizer"] == optimizer
     summary = _summary(tmp_path / "r")
     digests = summary["weights_digests"]
     assert len(digests) == 2 and digests[0] == digests[1] and summary["ranks_agree"]

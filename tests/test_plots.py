@@ -44,3 +44,20 @@ def test_throughput_axis_starts_at_zero():
     ax = plots.throughput_vs_batch(pd.DataFrame({"per_worker_batch": [32, 128], "images_per_second": [900, 1000]}),
                                    label="x")
     assert ax.get_ylim()[0] == 0
+
+
+def test_utilisation_draws_one_line_per_gpu_and_refuses_a_record_without_samples(tmp_path):
+    import pandas as pd
+
+    from guide_utils.results.records import RunRecorder, read_run
+
+    rec = RunRecorder(tmp_path, "monitored", config={"model": "m"})
+    for t in (1.0, 2.0, 3.0):
+        rec.sample({"t": t, "cpu_percent": 50.0, "cpu_percent_per_core": [40.0, 60.0], "process_cpu_percent": 90.0,
+                    "gpus": [{"index": 0, "util_percent": 95}, {"index": 1, "util_percent": 30}]})
+    axes = plots.utilisation(read_run(rec.path))
+    assert len(axes[0].lines) == 2 and axes[0].lines[1].get_ydata().tolist() == [30, 30, 30]
+    assert isinstance(read_run(rec.path).samples, pd.DataFrame)
+    bare = RunRecorder(tmp_path, "bare", config={"model": "m"})
+    with pytest.raises(ValueError, match="--monitor"):
+        plots.utilisation(read_run(bare.path))

@@ -14,16 +14,53 @@ PY = sys.executable
 TRAIN = [PY, "-m", "guide_utils.train", "--profile", "smoke", "--no-progress", "--epochs", "1"]
 
 
+LAUNCHER_VARS = ("SLURM_", "OMPI_", "PMI", "HOROVOD_", "RANK", "WORLD_SIZE", "TORCHELASTIC")
+
+
 def _fails_with_one_line(args: list[str], cwd: Path, *expected: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "HOROVOD_", "RANK"))}
+    """A real ``python -m guide_utils.train`` process: exit 2, one line, no traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
     proc = subprocess.run([*TRAIN, *args], capture_output=True, text=True, timeout=180, cwd=cwd, env=env)
-    err = proc.stderr.strip()
-    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-    assert "Traceback" not in proc.stderr + proc.stdout
+    return _one_line(proc.returncode, proc.stdout, proc.stderr, expected)
+
+
+def _one_line(code: int, out: str, err: str, expected) -> str:
+    assert code == 2, f"exit {code}\nstdout: {out}\nstderr: {err}"
+    assert "Traceback" not in err + out
+    err = err.strip()
     assert len(err.splitlines()) == 1, f"expected one line, got:\n{err}"
     for word in expected:
         assert word in err, f"{word!r} not in {err!r}"
     return err
+
+
+@pytest.fixture
+def train_main(monkeypatch, tmp_path, capsys):
+    """The same command in this process (no interpreter start, no torch import per case):
+    its exit status and output are what the process would give, and an exception other than
+    the guide's one-line errors would fail the test as it would show a traceback."""
+    import signal
+
+    from guide_utils.train import main
+
+    for name in [k for k in os.environ if k.startswith(LAUNCHER_VARS)]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the engine leaves torch's threads alone
+    monkeypatch.chdir(tmp_path)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+
+    def run(args: list[str], *expected: str) -> str:
+        try:
+            code = main([*TRAIN[3:], *args])
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code
+        finally:
+            for sig, handler in handlers.items():  # the CLI catches them early; give them back
+                signal.signal(sig, handler)
+        captured = capsys.readouterr()
+        return _one_line(code, captured.out, captured.err, expected)
+
+    return run
 
 
 CASES = {
@@ -46,9 +83,15 @@ CASES = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input(case, tmp_path):
+def test_bad_input(case, train_main):
+    args, expected = CASES[case]
+    train_main(args, *expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["unknown flag", "missing dataset", "warmup past first milestone"])
+def test_bad_input_as_a_real_process(case, tmp_path):
     args, expected = CASES[case]
     _fails_with_one_line(args, tmp_path, *expected)
 

@@ -40,6 +40,9 @@ class TrainConfig:
     warmup_start_batch: int | None = None
     milestones: tuple[int, ...] = (30, 60, 80)
     gamma: float = 0.1
+    # sgd (the thesis's); lars or lamb: layer-wise adaptive rates for very large batches
+    # (You et al. 2017, 2019), timm's implementations
+    optimizer: str = "sgd"
     momentum: float = 0.9
     weight_decay: float = 1e-4
     seed: int = 0
@@ -60,6 +63,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     throughput_warmup_iters: int = 10
     progress: bool = True
+    monitor: float | None = None  # seconds between utilisation samples in the record; None: off
     extra: dict[str, Any] = field(default_factory=dict)  # free-form labels recorded with the run
 
     def validate(self) -> "TrainConfig":
@@ -83,6 +87,16 @@ class TrainConfig:
                              f"{min(self.milestones)}: the learning-rate drop would happen during warmup")
         if self.warmup_start_batch is not None and self.warmup_start_batch <= 0:
             raise GuideError(f"--warmup-start-batch must be positive, got {self.warmup_start_batch}")
+        if self.optimizer not in OPTIMIZERS:
+            raise GuideError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.monitor is not None and not 0.05 <= self.monitor <= 3600:
+            raise GuideError(f"--monitor takes the seconds between samples, 0.05 to 3600, got {self.monitor}")
+        if not 0 < self.gamma <= 1:
+            raise GuideError(f"--gamma must be in (0, 1], got {self.gamma}")
+        if self.momentum < 0 or self.weight_decay < 0:
+            raise GuideError("--momentum and --weight-decay must not be negative")
+        if any(m <= 0 for m in self.milestones) or list(self.milestones) != sorted(set(self.milestones)):
+            raise GuideError(f"--milestones must be positive and increasing, got {' '.join(map(str, self.milestones))}")
         if self.image_size < 8:
             raise GuideError(f"--image-size must be at least 8, got {self.image_size}")
         return self
@@ -95,6 +109,8 @@ class TrainConfig:
         return scaled_lr(self.base_lr, self.base_batch, self.warmup_start_batch or self.per_worker_batch,
                          rule=self.lr_scaling)
 
+
+OPTIMIZERS = ("sgd", "lars", "lamb")
 
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {},

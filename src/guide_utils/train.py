@@ -56,7 +56,7 @@ def build_parser() -> ArgumentParser:
                    + _defaults("synthetic_size"))
     g.add_argument("--mnist1d-samples", type=int, help="MNIST-1D samples to generate (80%% train) "
                    + _defaults("mnist1d_samples"))
-    g = p.add_argument_group("optimisation (SGD with momentum)")
+    g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, help=_defaults("epochs"))
     g.add_argument("--per-worker-batch", type=int, help="samples per worker per step " + _defaults("per_worker_batch"))
     g.add_argument("--base-lr", type=float, help="learning rate at --base-batch " + _defaults("base_lr"))
@@ -72,7 +72,10 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--milestones", type=int, nargs="+", help="epochs where lr is multiplied by --gamma "
                    + _defaults("milestones"))
     g.add_argument("--gamma", type=float, help=_defaults("gamma"))
-    g.add_argument("--momentum", type=float, help=_defaults("momentum"))
+    g.add_argument("--optimizer", choices=["sgd", "lars", "lamb"],
+                   help="sgd (the thesis's); lars or lamb: layer-wise adaptive rates for very large batches "
+                        "(timm's implementations) " + _defaults("optimizer"))
+    g.add_argument("--momentum", type=float, help="(sgd and lars) " + _defaults("momentum"))
     g.add_argument("--weight-decay", type=float, help=_defaults("weight_decay"))
     g.add_argument("--seed", type=int, help=_defaults("seed"))
     g.add_argument("--max-steps-per-epoch", type=int, help="stop each epoch early (benchmarks, quick looks)")
@@ -88,6 +91,8 @@ def build_parser() -> ArgumentParser:
                    help="Horovod: compress gradients to fp16 for the allreduce")
     g.add_argument("--deterministic", action="store_const", const=True,
                    help="deterministic algorithms, no cuDNN autotuning (slower; for exact reproduction)")
+    g.add_argument("--monitor", type=float, nargs="?", const=1.0, metavar="SECONDS",
+                   help="sample CPU, memory, I/O and GPU utilisation every SECONDS (default 1) into the run record")
     g = p.add_argument_group("outputs")
     g.add_argument("--results-dir", help="where the run record (JSON lines) goes " + _defaults("results_dir"))
     g.add_argument("--run-name", help="record name (default: derived from the settings; never overwrites)")

@@ -67,7 +67,7 @@ class RunBook:
         from ..results.records import RunRecorder
 
         self.cfg, self.plan, self.prefix, self.is_root = cfg, plan, prefix, is_root
-        self.recorder = None
+        self.recorder = self.monitor = None
         self.run_name = run_name
         if not is_root:
             return
@@ -77,6 +77,10 @@ class RunBook:
                                     config=config, environment=environment(), resume=resume and run_name is not None)
         self.run_name = self.recorder.run_name
         self.say(f"{data}; model {cfg.model}; {plan.describe()} ({cfg.dist}){resuming}; record {self.recorder.path}")
+        if cfg.monitor:
+            from .monitor import Monitor
+
+            self.monitor = Monitor(self.recorder.sample, cfg.monitor).start()
 
     @property
     def record_path(self) -> Path | None:
@@ -101,6 +105,12 @@ class RunBook:
     def event(self, kind: str, **fields: Any) -> None:
         if self.recorder:
             self.recorder.event(kind, **fields)
+
+    def close(self) -> None:
+        """Stop the utilisation sampler (every way out of a run calls this)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
 
     def finish(self, *, completed_epochs: int, digests: list[str]) -> None:
         """The summary line. The best validation error covers every epoch of the record, also

@@ -78,6 +78,20 @@ def _train(cfg: TrainConfig, dist) -> RunResult:
     book = RunBook(cfg, plan, framework="pytorch", prefix="[train]", is_root=dist.is_root, data=describe(bundle),
                    environment=lambda: _environment(dist), run_name=st.run_name, resume=st.loaded is not None,
                    resuming=st.resuming)
+    try:
+        result = _epochs(cfg, plan, st, loaders, dist, book)
+    finally:
+        book.close()
+    result.weights_digest = weights_digest((name, p.detach().cpu().contiguous().numpy())
+                                           for name, p in st.module.named_parameters())
+    digests = dist.allgather_object(result.weights_digest)
+    if not result.preempted:
+        book.finish(completed_epochs=result.completed_epochs, digests=digests)
+    return result
+
+
+def _epochs(cfg, plan, st, loaders, dist, book: RunBook) -> RunResult:
+    """Every epoch still to train, stopping early when a stop signal asks for it."""
     result = RunResult(run_name=book.run_name, record_path=book.record_path, completed_epochs=st.start_epoch)
     if st.start_epoch >= cfg.epochs:
         book.say(f"the checkpoint has already completed {st.start_epoch} epoch(s), --epochs is {cfg.epochs}: "
@@ -89,11 +103,6 @@ def _train(cfg: TrainConfig, dist) -> RunResult:
         for epoch in range(st.start_epoch, cfg.epochs):
             if not _epoch(cfg, plan, st, loaders, dist, book, result, epoch, stop):
                 break
-    result.weights_digest = weights_digest((name, p.detach().cpu().contiguous().numpy())
-                                           for name, p in st.module.named_parameters())
-    digests = dist.allgather_object(result.weights_digest)
-    if not result.preempted:
-        book.finish(completed_epochs=result.completed_epochs, digests=digests)
     return result
 
 

@@ -60,11 +60,10 @@ def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_c
 
     from ..schedules import torch_scheduler
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=plan.peak_lr, momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(cfg, model.parameters(), lr=plan.peak_lr)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     meta = {"model": cfg.model, "data": data_name, "num_classes": num_classes,
-            "per_worker_batch": cfg.per_worker_batch, "workers": plan.workers}
+            "per_worker_batch": cfg.per_worker_batch, "workers": plan.workers, "optimizer": cfg.optimizer}
     loaded = checkpoint.load_latest(Path(cfg.checkpoint_dir), expect=meta, map_location="cpu") \
         if cfg.checkpoint_dir else None
     resume = {}
@@ -90,6 +89,29 @@ def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_c
                          optimizer=optimizer, scheduler=scheduler, scaler=scaler, memory_format=memory_format,
                          autocast=_autocast(cfg, dist.device), meta=meta,
                          **{"run_name": cfg.run_name, **resume})
+
+
+def make_optimizer(cfg: TrainConfig, params, *, lr: float):
+    """The optimizer ``cfg.optimizer`` names, at learning rate ``lr`` (the schedule then drives it).
+
+    * ``sgd``: the thesis's SGD with momentum and weight decay;
+    * ``lars``: SGD whose step for each layer is scaled by ``trust_coeff * |w| / |grad|`` (You,
+      Gitman and Ginsburg 2017), so no layer's update outgrows its weights at large rates;
+    * ``lamb``: the same layer-wise trust ratio on top of Adam (You et al. 2019).
+
+    LARS and LAMB are timm's implementations: the reference others adapt, kept up to date
+    with PyTorch, and plain ``torch.optim.Optimizer`` subclasses, which Horovod's
+    ``DistributedOptimizer`` and DDP wrap like SGD.
+    """
+    import torch
+
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    from timm.optim import Lamb, Lars
+
+    if cfg.optimizer == "lars":
+        return Lars(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return Lamb(params, lr=lr, weight_decay=cfg.weight_decay)
 
 
 def _autocast(cfg: TrainConfig, device) -> Callable[[], Any]:

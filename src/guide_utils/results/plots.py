@@ -146,3 +146,34 @@ def batch_axis(ax, batches, *, ylabel: str = "best top-1 validation error (%)"):
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.set(xlabel="global batch", ylabel=ylabel)
     return ax
+
+
+def utilisation(run, *, axes=None):
+    """Utilisation over time from a record made with ``--monitor`` (the thesis's figures 22,
+    23 and 27): left, every GPU's utilisation (or, without GPUs, every CPU core's); right,
+    the node's CPUs and the training process with its loader workers."""
+    import matplotlib.pyplot as plt
+
+    samples = getattr(run, "samples", None)
+    if samples is None or samples.empty:
+        raise ValueError(f"{run.name} has no utilisation samples: train with --monitor")
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    t = samples["t"]
+    if "gpus" in samples and samples["gpus"].notna().any():
+        for i in range(max(len(g) for g in samples["gpus"].dropna())):
+            axes[0].plot(t, [g[i]["util_percent"] if isinstance(g, list) and len(g) > i else None
+                             for g in samples["gpus"]], label=f"GPU {i}")
+        axes[0].set(ylabel="GPU utilisation (%)")
+    else:
+        cores = samples["cpu_percent_per_core"].tolist()
+        for i in range(len(cores[0])):
+            axes[0].plot(t, [c[i] for c in cores], label=f"core {i}")
+        axes[0].set(ylabel="CPU core utilisation (%)")
+    axes[1].plot(t, samples["cpu_percent"], label="node CPUs (mean of cores)")
+    axes[1].plot(t, samples["process_cpu_percent"], label="training process + loaders (% of one core)")
+    axes[1].set(ylabel="CPU (%)")
+    for ax in axes:
+        ax.set(xlabel="seconds since the start", ylim=(0, None))
+        ax.legend(fontsize=7)
+    return axes

@@ -2,7 +2,8 @@
 
 Each line is one JSON object with a ``type``: ``config`` (first), ``environment``, one
 ``epoch`` per finished epoch, ``resume`` when a preempted run continues, ``event``-like
-lines (``preempted``), and ``summary`` at the end. Every line is written whole and flushed
+lines (``preempted``), ``sample`` lines of utilisation over time (``--monitor``), and
+``summary`` at the end. Every line is written whole and flushed
 to disk, so a run killed at any moment leaves a readable record.
 
 >>> import tempfile; d = Path(tempfile.mkdtemp())
@@ -17,13 +18,14 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import GuideError
 
-TABLE_CONFIG = ["model", "data", "dist", "workers", "per_worker_batch", "global_batch", "lr_scaling", "warmup",
+TABLE_CONFIG = ["model", "data", "dist", "workers", "per_worker_batch", "global_batch", "optimizer", "lr_scaling", "warmup",
                 "warmup_epochs", "epochs"]
 
 
@@ -76,9 +78,11 @@ class RunRecorder:
     def _now() -> str:
         return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
+    _lock = threading.Lock()  # the monitor writes from its own thread
+
     def _write(self, obj: dict) -> None:
         line = json.dumps(_plain(obj)) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
@@ -88,6 +92,10 @@ class RunRecorder:
 
     def event(self, kind: str, **fields: Any) -> None:
         self._write({"type": kind, "time": self._now(), **fields})
+
+    def sample(self, fields: dict[str, Any]) -> None:
+        """One utilisation sample (``engine.monitor``)."""
+        self._write({"type": "sample", **fields})
 
     def summary(self, **fields: Any) -> None:
         self._write({"type": "summary", "time": self._now(), **fields})
@@ -103,6 +111,7 @@ class Run:
     summary: dict | None
     events: list[dict] = field(default_factory=list)
     skipped_lines: int = 0
+    samples: Any = None  # pandas.DataFrame of utilisation samples (--monitor); empty without
 
 
 def read_run(path: Path | str) -> Run:
@@ -114,7 +123,7 @@ def read_run(path: Path | str) -> Run:
         raise FileNotFoundError(f"run record {path} does not exist")
     config = environment = summary = None
     epochs: dict[int, dict] = {}
-    events, skipped = [], 0
+    events, samples, skipped = [], [], 0
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         if not line.strip():
             continue
@@ -132,6 +141,8 @@ def read_run(path: Path | str) -> Run:
             epochs[obj.get("epoch", len(epochs) + 1)] = {k: v for k, v in obj.items() if k != "type"}
         elif kind == "summary":
             summary = obj
+        elif kind == "sample":
+            samples.append({k: v for k, v in obj.items() if k != "type"})
         else:
             events.append(obj)
     if config is None:
@@ -139,7 +150,7 @@ def read_run(path: Path | str) -> Run:
                          "python -m guide_utils.train")
     # A resumed run re-records epochs it redid: the last occurrence wins.
     table = pd.DataFrame([epochs[k] for k in sorted(epochs)])
-    return Run(path.stem, path, config, environment, table, summary, events, skipped)
+    return Run(path.stem, path, config, environment, table, summary, events, skipped, pd.DataFrame(samples))
 
 
 def read_runs(results_dir: Path | str, pattern: str = "*.jsonl") -> list[Run]:

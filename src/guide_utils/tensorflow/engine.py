@@ -45,7 +45,8 @@ from .models import build_keras_model, check_model_name
 from .runtime import check_versions, init, keras_version
 
 PYTORCH_ONLY = (("--amp", lambda c: c.amp != "none"), ("--channels-last", lambda c: c.channels_last),
-                ("--compile", lambda c: c.compile), ("--fp16-allreduce", lambda c: c.fp16_allreduce))
+                ("--compile", lambda c: c.compile), ("--fp16-allreduce", lambda c: c.fp16_allreduce),
+                ("--optimizer lars/lamb", lambda c: c.optimizer != "sgd"))
 
 
 def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
@@ -89,14 +90,17 @@ def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
     if dist.is_root:
         checkpoints.write_meta(book.run_name)
     result = RunResult(run_name=book.run_name, record_path=book.record_path, completed_epochs=checkpoints.start_epoch)
-    if checkpoints.start_epoch < cfg.epochs:
-        cbs = [*_callbacks(cfg, plan, dist, book, checkpoints, result.epochs), *(callbacks or [])]
-        model.fit(train_ds, epochs=cfg.epochs, initial_epoch=checkpoints.start_epoch,
-                  steps_per_epoch=plan.steps_per_epoch, validation_data=val_ds, callbacks=cbs, verbose=0)
-        result.completed_epochs = cfg.epochs
-    else:
-        book.say(f"the checkpoint has already completed {checkpoints.start_epoch} epoch(s), --epochs is "
-                 f"{cfg.epochs}: nothing to train (raise --epochs to continue)")
+    try:
+        if checkpoints.start_epoch < cfg.epochs:
+            cbs = [*_callbacks(cfg, plan, dist, book, checkpoints, result.epochs), *(callbacks or [])]
+            model.fit(train_ds, epochs=cfg.epochs, initial_epoch=checkpoints.start_epoch,
+                      steps_per_epoch=plan.steps_per_epoch, validation_data=val_ds, callbacks=cbs, verbose=0)
+            result.completed_epochs = cfg.epochs
+        else:
+            book.say(f"the checkpoint has already completed {checkpoints.start_epoch} epoch(s), --epochs is "
+                     f"{cfg.epochs}: nothing to train (raise --epochs to continue)")
+    finally:
+        book.close()
     result.weights_digest = weights_digest((w.name, w.numpy()) for w in model.trainable_weights)
     book.finish(completed_epochs=result.completed_epochs, digests=dist.allgather_object(result.weights_digest))
     return result
