@@ -39,7 +39,8 @@ def test_every_script_follows_the_conventions(script):
     body = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert body[0] == "set -euo pipefail", "first command must be set -euo pipefail"
     setup = [line for line in body if line.startswith("guide_setup")]
-    assert len(setup) == 1 and re.fullmatch(r'guide_setup (pytorch|tensorflow) (none|ddp|horovod|mwms|"\$\w+")', setup[0]), \
+    usage = r'guide_setup (pytorch|tensorflow) (none|ddp|horovod|mwms|"\$\w+")'
+    assert len(setup) == 1 and re.fullmatch(usage, setup[0]), \
         "must call guide_setup FRAMEWORK DIST once (site profile, configuration, the doctor for this job, staging)"
     assert f"#SBATCH --job-name={script.stem}" in text
     srun_lines = [line for line in text.splitlines() if line.strip().startswith("srun ")]
@@ -253,8 +254,8 @@ def test_container_paths_with_spaces_stay_one_argument(tmp_path):
     container.parent.mkdir()
     container.write_text("")
     profile = APPTAINER_PROFILE.format(container=container, flags=f'(--nv -B "{bind}")')
-    out, calls = _source_guide(tmp_path, profile, 'guide_setup pytorch ddp\n'
-                               '${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils.train "${GUIDE_TRAIN_FLAGS[@]}"')
+    launch = '${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils.train "${GUIDE_TRAIN_FLAGS[@]}"'
+    out, calls = _source_guide(tmp_path, profile, f"guide_setup pytorch ddp\n{launch}")
     assert out.returncode == 0, out.stderr
     head = ["exec", "--nv", "-B", str(bind), str(container), "python", "-m"]
     assert calls[0] == [*head, "guide_utils", "doctor", "--framework", "pytorch", "--dist", "ddp", "--profile", "smoke"]
