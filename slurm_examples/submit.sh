@@ -3,43 +3,88 @@
 # sbatch options (account, partition, tasks and GPUs per node, CPUs per task, log folder).
 # #SBATCH lines are read before any shell runs, so they cannot read a profile themselves.
 #
-#   slurm_examples/submit.sh [--dry-run] SCRIPT [sbatch options...] [-- training flags...]
+#   slurm_examples/submit.sh [--dry-run] SCRIPT [--workers=N] [sbatch options...] [-- training flags...]
 #
-#   GUIDE_SITE=thesis-taito slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch --nodes=8
-#   slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch -- --epochs 2
+#   GUIDE_SITE=thesis-taito slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch --workers=32
+#   GUIDE_SITE=ci slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch -- --epochs 2
 #
-# GUIDE_SITE picks slurm_examples/sites/<name>.sh (default: ci) or names a file. sbatch
-# options given here override the script's own; training flags go to guide_utils.train.
+# GUIDE_SITE (required) picks slurm_examples/sites/<name>.sh or names a file. --workers=N
+# asks for N training processes (one per GPU): --nodes and --ntasks-per-node follow from
+# the site's GPUs per node. Other sbatch options given here override the script's own;
+# training flags go to guide_utils.train.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export GUIDE_ROOT=${GUIDE_ROOT:-$(cd "$here/.." && pwd)}
+GUIDE_ROOT=${GUIDE_ROOT:-$(cd "$here/.." && pwd)}
 # shellcheck source=slurm_examples/lib/guide.sh
 source "$here/lib/guide.sh"
 
-usage="usage: slurm_examples/submit.sh [--dry-run] SCRIPT [sbatch options...] [-- training flags...]"
+usage="usage: slurm_examples/submit.sh [--dry-run] SCRIPT [--workers=N] [sbatch options...] [-- training flags...]"
 dry_run=0
 if [[ ${1:-} == --dry-run ]]; then dry_run=1; shift; fi
 [[ $# -ge 1 && ${1:-} != -* ]] || guide_die "no sbatch script given; $usage"
 script=$1; shift
 [[ -f $script ]] || guide_die "sbatch script $script not found; the examples are slurm_examples/NN_*.sbatch"
-sbatch_opts=() train_args=()
+sbatch_opts=() train_args=() workers="" user_tasks=""
 while (($#)); do
-    if [[ $1 == -- ]]; then shift; train_args=("$@"); break; fi
-    sbatch_opts+=("$1"); shift
+    case $1 in
+        --) shift; train_args=("$@"); break ;;
+        --workers=*) workers=${1#*=} ;;
+        --ntasks-per-node=*) user_tasks=${1#*=} ;;
+        --workers | --ntasks-per-node)
+            (($# >= 2)) || guide_die "$1 needs a number, e.g. $1=4; $usage"
+            if [[ $1 == --workers ]]; then workers=$2; else user_tasks=$2; fi
+            shift ;;
+        *) sbatch_opts+=("$1") ;;
+    esac
+    shift
 done
 
 guide_load_site
 
-# Scripts that run one task per GPU on whole nodes leave --ntasks-per-node to the site;
-# a script that pins it (the single-GPU baseline) keeps its own value.
-tasks=$(sed -n 's/^#SBATCH[[:space:]]\{1,\}--ntasks-per-node[= ]\([0-9]\{1,\}\).*/\1/p' "$script" | head -n1)
+# Tasks (= GPUs) per node: an explicit --ntasks-per-node, else the script's own (the
+# single-GPU baseline pins one), else the site's GPUs per node.
+script_tasks=$(sed -n 's/^#SBATCH[[:space:]]\{1,\}--ntasks-per-node[= ]\([0-9]\{1,\}\).*/\1/p' "$script" | head -n1)
+script_nodes=$(sed -n 's/^#SBATCH[[:space:]]\{1,\}--nodes[= ]\([0-9]\{1,\}\).*/\1/p' "$script" | head -n1)
+if [[ -n $user_tasks ]]; then
+    [[ $user_tasks =~ ^[1-9][0-9]*$ ]] || guide_die "--ntasks-per-node=$user_tasks must be a positive integer"
+    tasks=$user_tasks from="--ntasks-per-node=$user_tasks"
+elif [[ -n $script_tasks ]]; then
+    tasks=$script_tasks from="$(basename "$script")'s #SBATCH --ntasks-per-node=$script_tasks"
+else
+    tasks=$GUIDE_TASKS_PER_NODE from="GUIDE_TASKS_PER_NODE=$GUIDE_TASKS_PER_NODE in $GUIDE_SITE_FILE"
+fi
+
 opts=()
-[[ -n $tasks ]] || { tasks=$GUIDE_TASKS_PER_NODE; opts+=(--ntasks-per-node="$tasks"); }
+if [[ -n $workers ]]; then
+    # N workers on as few nodes as hold them, the same number on each: nodes = ceil(N / per
+    # node), tasks per node = N / nodes. An uneven split is refused rather than rounded up,
+    # which would change the global batch and so the learning rate.
+    [[ $workers =~ ^[1-9][0-9]*$ ]] || guide_die "--workers=$workers must be a positive integer (training processes, one per GPU)"
+    for opt in ${sbatch_opts[@]+"${sbatch_opts[@]}"}; do
+        case $opt in
+            --nodes | --nodes=* | -N* | --ntasks | --ntasks=* | -n*)
+                guide_die "--workers=$workers sets --nodes and --ntasks-per-node itself; drop $opt" ;;
+        esac
+    done
+    per_node=$tasks
+    nodes=$(((workers + per_node - 1) / per_node))
+    ((workers % nodes == 0)) ||
+        guide_die "--workers=$workers cannot be spread evenly: it needs $nodes nodes of at most $per_node task(s)" \
+                  "($from), and $workers is not a multiple of $nodes; use --workers=$((workers - workers % nodes))" \
+                  "or --workers=$((nodes * ((workers + nodes - 1) / nodes)))"
+    tasks=$((workers / nodes))
+    [[ $script_nodes != 1 || $nodes == 1 ]] ||
+        guide_die "$(basename "$script") runs on one node, but --workers=$workers needs $nodes nodes of at most" \
+                  "$per_node task(s) ($from); use slurm_examples/03_multi_node_horovod.sbatch"
+    opts+=(--nodes="$nodes" --ntasks-per-node="$tasks")
+elif [[ -n $user_tasks || -z $script_tasks ]]; then
+    opts+=(--ntasks-per-node="$tasks")
+fi
 [[ -z $GUIDE_ACCOUNT ]] || opts+=(--account="$GUIDE_ACCOUNT")
 [[ -z $GUIDE_PARTITION ]] || opts+=(--partition="$GUIDE_PARTITION")
 opts+=(--cpus-per-task="$GUIDE_CPUS_PER_TASK")
-gpu=$(guide_gpu_option "$tasks")
+gpu=$(guide_gpu_option "$tasks")  # one GPU per task actually run on a node
 [[ -z $gpu ]] || opts+=("$gpu")
 opts+=(${GUIDE_SBATCH_EXTRA[@]+"${GUIDE_SBATCH_EXTRA[@]}"})
 
@@ -49,9 +94,12 @@ if grep -q '^#SBATCH[[:space:]]\{1,\}--array' "$script"; then
 else
     opts+=(--output="$log_dir/%x-%j.out")
 fi
-opts+=(--export="ALL,GUIDE_ROOT=$GUIDE_ROOT,GUIDE_SITE=$GUIDE_SITE")
+# The job finds the repository and the site in its environment. Exported rather than
+# listed in --export=ALL,NAME=value, which splits values at commas (a path may have one).
+export GUIDE_ROOT GUIDE_SITE
+opts+=(--export=ALL)
 
-cmd=(sbatch "${opts[@]}" ${sbatch_opts[@]+"${sbatch_opts[@]}"} "$script" ${train_args[@]+"${train_args[@]}"})
+cmd=(sbatch ${opts[@]+"${opts[@]}"} ${sbatch_opts[@]+"${sbatch_opts[@]}"} "$script" ${train_args[@]+"${train_args[@]}"})
 if ((dry_run)); then
     printf '%q ' "${cmd[@]}"; echo
     exit 0

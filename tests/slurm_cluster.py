@@ -4,41 +4,66 @@ munged, slurmctld and two slurmd daemons (nodes ``guide-n1`` and ``guide-n2``, b
 host, Slurm's multiple-slurmd mode) run in the foreground as child processes, with every
 file (config, munge key and socket, state, spool, logs) in a temporary directory, on free
 ports: nothing of a system Slurm or munge is touched, and stopping means killing the PIDs
-started here. Node names must resolve for launchers that use them (torchrun's rendezvous
-host); when they do not, two loopback entries are added to /etc/hosts and removed again.
+started here.
+
+The daemons run in a private mount namespace whose /etc/hosts is a bind-mounted copy that
+maps the node names (and this host's name) to 127.0.0.1: jobs inherit slurmd's namespace,
+so launchers that resolve node names (torchrun's rendezvous host) work, while the real
+/etc/hosts is never edited, not even by a test run that is killed. The network namespace is
+the host's (a notebook on the host reaches engines started as jobs over 127.0.0.1), so the
+daemons are told to listen on loopback only (CommunicationParameters), and
+``listening_sockets`` lets the tests check that they, and the jobs, do.
+
 Needs root (slurmd runs jobs as their submitting user) and Debian's slurm-wlm and munge,
-installed here when missing, as scripts/setup.sh does.
+installed here when missing, as scripts/setup.sh does. Only that is a reason to skip
+(:class:`SlurmUnavailable`); any other failure to start is :class:`SlurmStartError`, with
+the tail of the daemons' logs, and must fail the tests that need the cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 NODES = ("guide-n1", "guide-n2")
-HOSTS_TAG = "# added by guide tests (tests/slurm_cluster.py)"
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+# More CPUs than the machine has (slurmd is told to believe the config): the test jobs
+# mostly wait, and several at once keep the two real cores busy.
+CPUS_PER_NODE = 8
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+            "PREEMPTED", "SPECIAL_EXIT"}
 PACKAGES = ("slurm-wlm", "munge")
+BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "mungekey")
+LOOPBACK = ("127.0.0.1", "::1")
 
 
 class SlurmUnavailable(Exception):
-    """This machine cannot run the test cluster; the message says why."""
+    """This machine cannot host the test cluster (not root; Slurm or munge missing and not
+    installable): the one reason to skip."""
+
+
+class SlurmStartError(Exception):
+    """The test cluster should start here but did not; the message ends with the daemons' logs."""
 
 
 def ensure_installed() -> None:
-    if all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "munged", "mungekey")):
+    if all(shutil.which(b) for b in BINARIES):
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         raise SlurmUnavailable("Slurm and munge are not installed; run: sudo apt-get install -y " + " ".join(PACKAGES))
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES], check=True, env=env, capture_output=True)
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SlurmUnavailable(f"Slurm and munge are missing and `{' '.join(cmd)}` failed: {tail}")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -53,31 +78,96 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _resolves(name: str) -> bool:
+def _tcp_listeners() -> dict[int, tuple[str, int]]:
+    """Every listening TCP socket of this network namespace: inode -> (address, port)."""
+    out: dict[int, tuple[str, int]] = {}
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] != "0A":  # LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            # /proc prints each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            addr = socket.inet_ntop(socket.AF_INET6 if v6 else socket.AF_INET, raw)
+            if addr.startswith("::ffff:") and "." in addr:
+                addr = addr[7:]
+            out[int(f[9])] = (addr, int(hexport, 16))
+    return out
+
+
+def _environ(pid: int) -> dict[str, str]:
     try:
-        socket.gethostbyname(name)
-        return True
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        return False
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def listener_kind(pid: int, comm: str, port: int) -> str:
+    """Which piece of software a listening socket belongs to, for the ones whose bind address
+    is hard-coded to "any" and cannot be configured: ``openmpi`` (mpirun's and orted's
+    out-of-band channel, each MPI rank's TCP BTL: open-mpi/ompi#12668), ``horovodrun`` (its
+    rendezvous HTTP server: ('', port) in horovod/runner/util/network.py), ``torch-store``
+    (PyTorch's TCPStore: the torchrun agent's, or a DDP rank 0's under srun at the job's
+    rendezvous port), ``tensorflow`` (a worker's gRPC server). Everything else: ``slurm``
+    for Slurm's own processes, ``other`` for the rest (Gloo, for one)."""
+    if comm in ("slurmctld", "slurmd", "slurmstepd", "srun"):
+        return "slurm"
+    if comm in ("mpirun", "orted", "prted"):
+        return "openmpi"
+    if comm == "horovodrun":
+        return "horovodrun"
+    if comm in ("pt_elastic", "torchrun"):
+        return "torch-store"
+    if comm.startswith("python"):
+        env = _environ(pid)
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            cmdline = []
+        if not env:  # an exiting process: its memory (environment) is gone before its sockets
+            return "exiting"
+        if any(v in env for v in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")):
+            return "openmpi"
+        if "guide_utils.train_tf" in cmdline:
+            return "tensorflow"
+        job = env.get("SLURM_JOB_ID", "")
+        if env.get("SLURM_PROCID") == "0" and "ddp" in cmdline and job.isdigit() and port == 20000 + int(job) % 10000:
+            return "torch-store"
+    return "other"
 
 
 class SlurmCluster:
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.procs: list[subprocess.Popen] = []
-        self.added_hosts = False
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.holder: subprocess.Popen | None = None
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.node_timeout = 60.0
+        self._sampler: threading.Thread | None = None
+        self._sampling = threading.Event()
+        self.seen_listeners: set[tuple[str, str, str, int]] = set()  # (command, kind, address, port)
+        self.listener_pids: dict[tuple[str, str, str, int], str] = {}  # what each was: pid, command line
 
     # -- start / stop ---------------------------------------------------------------------
     def start(self) -> "SlurmCluster":
         if os.geteuid() != 0:
             raise SlurmUnavailable("the test Slurm needs root (slurmd starts jobs as their user)")
         ensure_installed()
-        self._hosts()
+        for tool in ("unshare", "nsenter", "mount"):
+            if not shutil.which(tool):
+                raise SlurmStartError(f"{tool} (util-linux) is missing; the test Slurm runs in a mount namespace")
         r = self.root
         for d in ("state", "log", *(f"spool-{n}" for n in NODES), *(f"tmpfs-{n}" for n in NODES)):
             (r / d).mkdir(parents=True, exist_ok=True)
+        self._namespace()
         key = r / "munge.key"
         subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
         sock = r / "munge.socket"
@@ -87,7 +177,7 @@ class SlurmCluster:
         self._wait_for(sock.exists, 20, "munged did not create its socket")
         ctld_port, *node_ports = _free_ports(1 + len(NODES))
         host = socket.gethostname().split(".")[0]
-        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={os.cpu_count()} "
+        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} "
                           f"RealMemory=4000 State=UNKNOWN" for n, p in zip(NODES, node_ports))
         self.conf.write_text(f"""\
 ClusterName=guideci
@@ -100,6 +190,11 @@ AuthType=auth/munge
 # default): short here, so the requeue test takes seconds, not minutes.
 AuthInfo=socket={sock},cred_expire=10
 CredType=cred/munge
+# Listen on the address this host's name resolves to (127.0.0.1 in the daemons' hosts
+# file), not on every interface: slurmctld, slurmd, slurmstepd and srun alike.
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+# Believe CPUs= below rather than the two cores slurmd counts: several jobs at once.
+SlurmdParameters=config_overrides
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool-%n
 SlurmctldPidFile={r}/slurmctld.pid
@@ -117,7 +212,7 @@ ReturnToService=2
 SchedulerType=sched/backfill
 # Look at pending jobs every few seconds (defaults: 60 s and 30 s): a requeued job is
 # eligible again after cred_expire, then waits for the next scheduling pass.
-SchedulerParameters=sched_interval=5,bf_interval=5
+SchedulerParameters=sched_interval=2,bf_interval=2
 JobRequeue=1
 MinJobAge=3600
 KillWait=10
@@ -130,57 +225,149 @@ PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)], "slurmctld")
         for n in NODES:
             self._spawn(["slurmd", "-D", "-f", str(self.conf), "-N", n], f"slurmd-{n}")
-        self._wait_for(self._nodes_idle, 60, "the nodes did not come up idle (see the logs in " + str(r / "log") + ")")
+        self._wait_for(self._nodes_idle, self.node_timeout, "the nodes did not come up idle")
+        self._sampling.clear()
+        self._sampler = threading.Thread(target=self._sample_listeners, daemon=True)
+        self._sampler.start()
         return self
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
+        self._sampling.set()
+        if self._sampler is not None:
+            self._sampler.join(timeout=10)
+        procs = [p for _, p in reversed(self.procs)] + ([self.holder] if self.holder else [])
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in reversed(self.procs):
+        for p in procs:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
         self.procs.clear()
-        if self.added_hosts:
-            lines = Path("/etc/hosts").read_text().splitlines(keepends=True)
-            Path("/etc/hosts").write_text("".join(line for line in lines if HOSTS_TAG not in line))
-            self.added_hosts = False
+        self.holder = None
 
-    def _hosts(self) -> None:
-        missing = [n for n in NODES if not _resolves(n)]
-        if not missing:
-            return
+    def _namespace(self) -> None:
+        """Start the process that holds the daemons' mount namespace: private mounts (nothing
+        propagates to the host), /etc/hosts replaced by a copy that maps the node names and
+        this host's name to loopback. It ends, and the mounts with it, after the daemons."""
+        names = " ".join([*NODES, socket.gethostname(), socket.gethostname().split(".")[0]])
+        hosts = self.root / "hosts"
+        hosts.write_text(f"127.0.0.1 {names}\n" + Path("/etc/hosts").read_text())
+        ready = self.root / "namespace-ready"
+        log = open(self.root / "log" / "namespace.stdout", "w")
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+             'mount --bind "$1" /etc/hosts && : >"$2" && exec sleep infinity', "sh", str(hosts), str(ready)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_for(ready.exists, 10, "the mount namespace for the daemons did not come up")
+
+    def in_namespace(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a command in the daemons' (and jobs') mount namespace."""
+        assert self.holder is not None, "the cluster is not started"
+        return subprocess.run(["nsenter", f"--target={self.holder.pid}", "--mount", "--", *cmd],
+                              capture_output=True, text=True, check=check)
+
+    @contextlib.contextmanager
+    def tmpfs(self, path: Path, size: str):
+        """A tmpfs of ``size`` at ``path`` that the jobs see (it is mounted in their namespace,
+        so the host never does); unmounted when the block ends, however it ends, and in any
+        case gone with the namespace."""
+        path.mkdir(parents=True, exist_ok=True)
+        self.in_namespace("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
         try:
-            with open("/etc/hosts", "a") as f:
-                f.write(f"127.0.0.1 {' '.join(missing)} {HOSTS_TAG}\n")
-        except OSError as exc:
-            raise SlurmUnavailable(f"node names {missing} do not resolve and /etc/hosts is not writable ({exc})")
-        self.added_hosts = True
+            yield path
+        finally:
+            self.in_namespace("umount", "--lazy", str(path), check=False)
 
     def _spawn(self, cmd: list[str], name: str) -> None:
+        assert self.holder is not None
         log = open(self.root / "log" / f"{name}.stdout", "w")
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                           start_new_session=True))
+        proc = subprocess.Popen(["nsenter", f"--target={self.holder.pid}", "--mount", "--", *cmd], stdout=log,
+                                stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.procs.append((name, proc))
         time.sleep(0.2)
-        if self.procs[-1].poll() is not None:
-            raise SlurmUnavailable(f"{name} exited at start: {(self.root / 'log' / f'{name}.stdout').read_text()[-500:]}")
+        self._check_alive()
 
-    @staticmethod
-    def _wait_for(check, timeout: float, message: str) -> None:
+    def _check_alive(self) -> None:
+        for name, p in [("namespace", self.holder), *self.procs]:
+            if p is not None and p.poll() is not None:
+                raise SlurmStartError(f"{name} exited at start (status {p.returncode})" + self.logs_tail())
+
+    def logs_tail(self, lines: int = 12) -> str:
+        """The last lines of every daemon's log, for failure messages."""
+        parts = []
+        for f in sorted((self.root / "log").glob("*")):
+            text = f.read_text(errors="replace").strip().splitlines()[-lines:]
+            parts.append(f"--- {f.name}\n" + ("\n".join(text) if text else "(empty)"))
+        return "\n" + "\n".join(parts)
+
+    def _wait_for(self, check, timeout: float, message: str) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if check():
                 return
-            time.sleep(0.5)
-        raise SlurmUnavailable(message)
+            self._check_alive()
+            time.sleep(0.25)
+        raise SlurmStartError(f"{message} within {timeout:.0f} s" + self.logs_tail())
 
     def _nodes_idle(self) -> bool:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=self.env)
         states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
         return all(states.get(n) == "idle" for n in NODES)
+
+    # -- sockets --------------------------------------------------------------------------
+    def namespace_pids(self) -> list[int]:
+        """The daemons and every process of every job: all that share their mount namespace."""
+        assert self.holder is not None
+        try:
+            ns = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
+        except OSError:
+            return []
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/mnt") == ns:
+                        pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
+
+    def listening_sockets(self, pids: list[int] | None = None) -> list[tuple[str, int, str, int]]:
+        """(command, pid, address, port) of every listening TCP socket of ``pids`` (default:
+        the daemons' namespace)."""
+        listeners = _tcp_listeners()
+        out = []
+        for pid in self.namespace_pids() if pids is None else pids:
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                match = re.fullmatch(r"socket:\[(\d+)\]", target)
+                if match and int(match.group(1)) in listeners:
+                    out.append((comm, pid, *listeners[int(match.group(1))]))
+        return out
+
+    def _sample_listeners(self) -> None:
+        """Record, every second while the cluster runs, what the namespace listens on:
+        ``seen_listeners`` holds (command, kind, address, port), kind from ``listener_kind``."""
+        while not self._sampling.wait(1.0):
+            with contextlib.suppress(Exception):
+                for c, pid, a, p in self.listening_sockets():
+                    key = (c, listener_kind(pid, c, p), a, p)
+                    if key[1] != "exiting" and key not in self.seen_listeners:
+                        self.seen_listeners.add(key)
+                        with contextlib.suppress(OSError):
+                            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200].decode()
+                            self.listener_pids[key] = f"pid {pid}: {cmd}"
 
     # -- jobs -----------------------------------------------------------------------------
     def jobs(self, job_id: str) -> list[dict[str, str]]:
@@ -194,15 +381,22 @@ PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
                 records.append(fields)
         return records
 
+    def finished(self, job_id: str) -> list[dict[str, str]] | None:
+        """The job's records if it (every array task) reached a final state, else None."""
+        records = self.jobs(job_id)
+        # An array shows one pending record for tasks not yet started (ArrayTaskId=1-2).
+        pending_array = any(re.search(r"[-,%]", r.get("ArrayTaskId", "")) for r in records)
+        if records and not pending_array and all(r.get("JobState") in TERMINAL for r in records):
+            return records
+        return None
+
     def wait(self, job_id: str, timeout: float = 600) -> list[dict[str, str]]:
         """Wait until the job (every array task) reached a final state; return its records."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            records = self.jobs(job_id)
-            # An array shows one pending record for tasks not yet started (ArrayTaskId=1-2).
-            pending_array = any(re.search(r"[-,%]", r.get("ArrayTaskId", "")) for r in records)
-            if records and not pending_array and all(r.get("JobState") in TERMINAL for r in records):
+            records = self.finished(job_id)
+            if records is not None:
                 return records
-            time.sleep(1)
+            time.sleep(0.5)
         subprocess.run(["scancel", str(job_id)], env=self.env)
         raise TimeoutError(f"job {job_id} did not finish within {timeout} s: {self.jobs(job_id)}")

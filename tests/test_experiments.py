@@ -58,7 +58,7 @@ def test_dry_run_prints_submissions_through_the_examples():
     out = subprocess.run([sys.executable, "-m", "guide_utils", "experiments", "run", "exp6", "--profile", "full",
                           "--dry-run"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch --nodes=8 -- " in out.stdout
+    assert "slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch --workers=8 -- " in out.stdout
     assert "slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch -- " in out.stdout
     assert out.stdout.count("--warmup stepping") == 4
     assert [c for _, _, c in plan("exp2", "full") if "ddp" in c][0].startswith("DIST=ddp ")
@@ -115,6 +115,28 @@ def test_local_launch_commands(launcher, head):
 
     argv = command(launcher, 2, "guide_utils.train", ["--dist", "x"])
     assert argv[0].endswith(launcher) and argv[1:1 + len(head)] == head and argv[-2:] == ["--dist", "x"]
+
+
+LOOPBACK_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "OMPI_MCA_btl_tcp_if_include",
+                 "OMPI_MCA_oob_tcp_if_include")
+
+
+def test_local_workers_are_pinned_to_loopback(monkeypatch):
+    """Every worker launch.run starts is on this machine: rendezvous, Gloo, TensorPipe and
+    OpenMPI's TCP are pinned to loopback (nothing reachable from the network), unless the
+    caller's environment already chose; horovodrun is told the interface too."""
+    from guide_utils.cluster.launch import command, environment, loopback_interface
+
+    for name in ("MASTER_ADDR", *LOOPBACK_VARS):
+        monkeypatch.delenv(name, raising=False)
+    lo = loopback_interface()
+    assert lo in ("lo", "lo0")
+    env = environment()
+    assert env["MASTER_ADDR"] == "127.0.0.1" and {env[v] for v in LOOPBACK_VARS} == {lo}
+    argv = command("horovodrun", 2, "guide_utils.train", [])
+    assert argv[argv.index("--network-interface") + 1] == lo
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    assert environment()["GLOO_SOCKET_IFNAME"] == "eth7"
 
 
 def test_unknown_launcher_and_mismatched_dist_are_refused(tmp_path):

@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 EXPECTED = {
     "01_single_gpu_baseline": ["resnet50 on synthetic; 1 worker(s) x 32 = global batch 32",
                                "1 worker(s) x 128 = global batch 128", "200 steps"],
-    "02_single_node_data_parallel": ["4 worker(s) x 128 = global batch 512", "--ntasks-per-node=4",
+    "02_single_node_data_parallel": ["4 worker(s) x 128 = global batch 512", "--workers=4",
                                      "DIST=ddp slurm_examples/submit.sh"],
-    "03_multi_node_horovod": ["32 worker(s) x 128 = global batch 4096", "--nodes=8"],
+    "03_multi_node_horovod": ["32 worker(s) x 128 = global batch 4096", "--workers=32"],
     "04_naive_scaling": ["32 worker(s) x 128 = global batch 4096; lr 0.1 (none rule)", "90 epoch(s)"],
     "05_linear_scaling_rule": ["32 worker(s) x 128 = global batch 4096; lr 1.6 (linear rule), no warmup"],
     "06_learning_rate_warmup": ["8 worker(s) x 128 = global batch 1024; lr 0.4 (linear rule), stepping warmup 5 epochs"],

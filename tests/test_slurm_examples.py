@@ -3,36 +3,57 @@
 The CI site profile (slurm_examples/sites/ci.sh) runs the examples at smoke scale: CPUs,
 a small ResNet, scikit-learn's digits packed as an image archive and staged to "node-local"
 scratch like ImageNet would be. Each test checks what a user would: the job COMPLETED with
-exit code 0, and the run records the notebooks read are there with every epoch.
+exit code 0 (or failed early, with the one line that says why), and the run records the
+notebooks read are there with every epoch.
+
+The jobs of all selected tests are submitted together at the start (``JOBS``, keyed by test
+name) and run side by side; each test then waits for its own. Short epochs
+(``--max-steps-per-epoch``) where a test checks the plumbing, not the training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from guide_utils.results.records import read_run
-from slurm_cluster import SlurmCluster, SlurmUnavailable
+from slurm_cluster import LOOPBACK, NODES, SlurmCluster, SlurmStartError, SlurmUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
-SMOKE_EPOCHS = 4  # the smoke profile's
+SHORT = ("--max-steps-per-epoch", "6")  # every epoch's plumbing (records, resume, sync check), little compute
+QUICK = ("--epochs", "2", *SHORT)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
 
+def start_or_skip(cluster: SlurmCluster) -> SlurmCluster:
+    """Start the cluster. Only "this machine cannot host Slurm" skips; any other failure to
+    start fails, with the daemons' logs: a broken Slurm must not pass as a skipped one."""
+    try:
+        return cluster.start()
+    except SlurmUnavailable as exc:
+        cluster.stop()
+        pytest.skip(f"no test Slurm on this machine: {exc}")
+    except SlurmStartError as exc:
+        cluster.stop()
+        pytest.fail(f"the test Slurm did not start: {exc}", pytrace=False)
+    except BaseException:
+        cluster.stop()
+        raise
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        c.start()
-    except SlurmUnavailable as exc:
-        c.stop()
-        pytest.skip(f"no test Slurm: {exc}")
+    c = start_or_skip(SlurmCluster(tmp_path_factory.mktemp("slurm")))
     yield c
     c.stop()
 
@@ -45,152 +66,442 @@ def archive(tmp_path_factory) -> Path:
     return out
 
 
+@dataclass
+class Job:
+    """One test's submission. ``via``: submit.sh, chain.sh (2 jobs of 1 epoch) or plain
+    sbatch (``script`` may then be a file the test writes, see ``direct_launch``)."""
+
+    script: str
+    sbatch: tuple[str, ...] = ()
+    train: tuple[str, ...] = QUICK
+    env: dict[str, str] = field(default_factory=dict)
+    via: str = "submit"
+    broken_horovod: bool = False  # a horovod package that raises ImportError, first on PYTHONPATH
+    comma_path: bool = False  # submit through a path to the repository that contains a comma
+    full_scratch: bool = False  # GUIDE_CI_SCRATCH is a 512 KiB tmpfs
+    usr1_after_epoch: bool = False  # scancel --signal=USR1 --batch once the first epoch is logged
+    site: str | None = "ci"  # None: GUIDE_SITE unset; "incomplete": ci.sh without its GUIDE_SCRATCH line
+
+
+# The direct-launch jobs: a batch script that runs the training itself, no launcher.
+DIRECT = """#!/bin/bash
+#SBATCH --job-name=direct_{dist}
+exec "{python}" -m guide_utils.train --profile smoke --dist {dist} --epochs 1 --results-dir "{results}"
+"""
+
+ARRAYS = {
+    "04_naive_scaling.sbatch": [(32, "none", "none"), (64, "none", "none"), (128, "none", "none")],
+    "05_linear_scaling_rule.sbatch": [(32, "linear", "none"), (64, "linear", "none"), (128, "linear", "none")],
+    "06_learning_rate_warmup.sbatch": [(32, "linear", "stepping"), (64, "linear", "stepping"),
+                                       (128, "linear", "stepping")],
+    "07_per_worker_batch_size.sbatch": [(32, "linear", "stepping"), (128, "linear", "stepping")],
+}
+MULTI_NODE = [("srun", "horovod"), ("mpirun", "horovod"), ("torchrun", "ddp"), ("srun-ddp", "ddp")]
+TENSORFLOW = [("08_tensorflow_horovod.sbatch", "horovod", (), 4),
+              ("08_tensorflow_native.sbatch", "mwms", ("--nodes=1",), 2)]
+
+# Every job, by the name of the test that checks it, in the order they are submitted: the
+# ones that fail at once, then the longest chains (requeue, dependency), then the rest. The
+# DDP and TensorFlow-native jobs run with a broken Horovod: they do not need it, and neither
+# must their doctor.
+JOBS: dict[str, Job] = {
+    **{f"test_dist_started_in_the_batch_script_fails_at_once[{dist}]": Job(f"direct_{dist}", via="sbatch")
+       for dist in ("horovod", "ddp")},
+    "test_a_job_without_guide_site_stops_at_its_first_line":
+        Job("01_single_gpu_baseline.sbatch", via="sbatch", site=None),
+    "test_an_incomplete_site_profile_stops_before_anything_runs":
+        Job("01_single_gpu_baseline.sbatch", via="sbatch", site="incomplete"),
+    "test_a_full_scratch_disk_fails_the_job_at_staging": Job("01_single_gpu_baseline.sbatch", full_scratch=True),
+    "test_a_horovod_job_without_horovod_stops_at_the_doctor":
+        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun"}, broken_horovod=True),
+    "test_single_gpu_baseline_requeues_when_warned_and_finishes":
+        Job("01_single_gpu_baseline.sbatch", train=("--epochs", "4", "--max-steps-per-epoch", "20"),
+            usr1_after_epoch=True),
+    "test_dependency_chain_resumes_from_the_previous_jobs_checkpoint":
+        Job("01_single_gpu_baseline.sbatch", via="chain", train=SHORT),
+    **{f"test_tensorflow[{dist}]": Job(script, sbatch=sbatch, broken_horovod=dist == "mwms")
+       for script, dist, sbatch, _ in TENSORFLOW},
+    **{f"test_multi_node[{launcher}]": Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": launcher},
+                                           broken_horovod=dist == "ddp") for launcher, dist in MULTI_NODE},
+    "test_one_node_data_parallel[horovod]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "horovod"},
+                                                 comma_path=True),
+    "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"},
+                                             broken_horovod=True),
+    # The arrays run on one node (two workers per task): what they add to 03 is the array,
+    # one run per task; their srun --mpi line is 03's, which runs on both nodes.
+    **{f"test_job_array_writes_one_record_per_task[{script[:2]}]":
+       Job(script, sbatch=("--nodes=1",), train=("--epochs", "1", *SHORT)) for script in ARRAYS},
+}
+
+
 class Submission:
-    """Where one test's jobs write (results, logs, checkpoints, scratch) and how to submit."""
+    """Where one test's jobs write (results, logs, checkpoints, scratch), its job ids, and
+    how it was submitted."""
 
-    def __init__(self, cluster: SlurmCluster, tmp: Path, archive: Path, **env: str):
-        self.cluster, self.tmp = cluster, tmp
-        self.results, self.logs = tmp / "results", tmp / "logs"
-        self.env = {**cluster.env, "GUIDE_SITE": "ci", "GUIDE_DATASET_ARCHIVE": str(archive),
-                    "GUIDE_RESULTS_DIR": str(self.results), "GUIDE_LOG_DIR": str(self.logs),
-                    "GUIDE_CHECKPOINT_ROOT": str(tmp / "checkpoints"), "GUIDE_CI_SCRATCH": str(tmp / "scratch"),
-                    **env}
+    def __init__(self, cluster: SlurmCluster, tmp: Path, archive: Path, job: Job):
+        self.cluster, self.tmp, self.job = cluster, tmp, job
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.results, self.logs, self.scratch = tmp / "results", tmp / "logs", tmp / "scratch"
+        pythonpath = [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        if job.broken_horovod:
+            broken = tmp / "broken-horovod"
+            (broken / "horovod").mkdir(parents=True)
+            (broken / "horovod" / "__init__.py").write_text(
+                'raise ImportError("this horovod is broken on purpose (test_slurm_examples.py)")\n')
+            pythonpath.insert(0, str(broken))
+        self.env = {**{k: v for k, v in cluster.env.items() if k not in ("GUIDE_SITE", "GUIDE_ROOT")},
+                    "GUIDE_DATASET_ARCHIVE": str(archive), "GUIDE_RESULTS_DIR": str(self.results),
+                    "GUIDE_LOG_DIR": str(self.logs), "GUIDE_CHECKPOINT_ROOT": str(tmp / "checkpoints"),
+                    "GUIDE_CI_SCRATCH": str(self.scratch), "PYTHONPATH": os.pathsep.join(pythonpath), **job.env}
+        if job.site == "incomplete":
+            incomplete = tmp / "incomplete-site.sh"
+            incomplete.write_text("".join(line for line in (EXAMPLES / "sites/ci.sh").read_text().splitlines(True)
+                                          if not line.startswith("GUIDE_SCRATCH=")))
+            self.env["GUIDE_SITE"] = str(incomplete)
+        elif job.site:
+            self.env["GUIDE_SITE"] = job.site
+        self.repo = REPO
+        if job.comma_path:
+            (tmp / "a,b").mkdir()
+            (tmp / "a,b" / "repo").symlink_to(REPO)
+            self.repo = tmp / "a,b" / "repo"
+        self.ids: list[str] = []
+        self.usr1_sent = False
 
-    def submit(self, script: str, *sbatch: str, train: tuple[str, ...] = ()) -> str:
-        out = subprocess.run([str(EXAMPLES / "submit.sh"), str(EXAMPLES / script), "--parsable", *sbatch,
-                              "--", *train], env=self.env, capture_output=True, text=True, cwd=REPO)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.strip().split(";")[0]
+    def submit(self) -> None:
+        job, examples = self.job, self.repo / "slurm_examples"
+        if job.via == "submit":
+            out = self._run([str(examples / "submit.sh"), str(examples / job.script), "--parsable", *job.sbatch,
+                             "--", *job.train])
+            self.ids = [out.split(";")[0]]
+        elif job.via == "chain":
+            out = self._run([str(examples / "chain.sh"), "2", "1", str(examples / job.script), *job.sbatch,
+                             "--", *job.train])
+            self.ids = re.findall(r"job \d+/2: (\d+)", out)
+            assert len(self.ids) == 2, out
+        else:
+            script = examples / job.script
+            if job.script.startswith("direct_"):
+                script = self.tmp / f"{job.script}.sbatch"
+                script.write_text(DIRECT.format(dist=job.script.split("_")[1], python=REPO / ".venv/bin/python",
+                                                results=self.results))
+            self.logs.mkdir()
+            self.ids = [self._run(["sbatch", "--parsable", f"--output={self.logs}/%x-%j.out", str(script)])]
+
+    def _run(self, argv: list[str]) -> str:
+        out = subprocess.run(argv, env=self.env, capture_output=True, text=True, cwd=self.repo)
+        assert out.returncode == 0, f"{argv}: {out.stderr}"
+        return out.stdout.strip()
 
     def log(self, tail: int | None = None) -> str:
         """Every job log of this test, whole or (for failure messages) the last characters."""
         return "\n".join(f"--- {p.name}\n{p.read_text()[-tail if tail else 0:]}"
                          for p in sorted(self.logs.glob("*.out")))
 
-    def wait_completed(self, job_id: str, timeout: float = 600) -> list[dict]:
-        records = self.cluster.wait(job_id, timeout)
-        states = [(r.get("ArrayTaskId"), r["JobState"], r["ExitCode"]) for r in records]
+    def wait(self, timeout: float = 600) -> list[dict]:
+        return [r for job_id in self.ids for r in self.cluster.wait(job_id, timeout)]
+
+    def wait_completed(self, timeout: float = 600) -> list[dict]:
+        records = self.wait(timeout)
+        states = [(r.get("JobId"), r.get("ArrayTaskId"), r["JobState"], r["ExitCode"]) for r in records]
         assert all(r["JobState"] == "COMPLETED" and r["ExitCode"] == "0:0" for r in records), \
             f"{states}\n{self.log(3000)}"
         return records
+
+    def wait_failed_at_start(self, timeout: float = 300) -> str:
+        """Wait for a job that must fail with exit code 2 before it trains; its log."""
+        (record,) = self.wait(timeout)
+        assert (record["JobState"], record["ExitCode"]) == ("FAILED", "2:0"), f"{record}\n{self.log(3000)}"
+        assert not self.results.exists(), "a job that must fail before training wrote run records"
+        log = self.log()
+        assert "Traceback" not in log and "[train]" not in log, log[-3000:]
+        return log
 
     def runs(self):
         return [read_run(p) for p in sorted(self.results.glob("*.jsonl"))]
 
 
+class Batch:
+    """The jobs of every selected test, submitted up front."""
+
+    def __init__(self, cluster: SlurmCluster, archive: Path, base: Path, names: list[str]):
+        self.cluster, self.subs, self.threads = cluster, {}, []
+        self.stack = contextlib.ExitStack()
+        try:
+            for name in names:
+                job = JOBS[name]
+                sub = Submission(cluster, base / re.sub(r"\W", "_", name), archive, job)
+                if job.full_scratch:
+                    self.stack.enter_context(cluster.tmpfs(sub.scratch, "512k"))
+                sub.submit()
+                self.subs[name] = sub
+                if job.usr1_after_epoch:
+                    t = threading.Thread(target=self._usr1_after_first_epoch, args=(sub,), daemon=True)
+                    t.start()
+                    self.threads.append(t)
+        except BaseException:
+            self.close()
+            raise
+
+    def get(self, name: str) -> Submission:
+        assert name in self.subs, f"{name} has no entry in JOBS"
+        return self.subs[name]
+
+    def _usr1_after_first_epoch(self, sub: Submission) -> None:
+        """What Slurm's --signal=B:USR1@T does at the time limit, as soon as an epoch is
+        done, instead of waiting for a short limit to come near."""
+        (job_id,) = sub.ids
+        end = time.monotonic() + 300
+        while time.monotonic() < end and self.cluster.finished(job_id) is None:
+            if re.search(r"^\[train\] epoch 1/", sub.log(), re.M):
+                subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=self.cluster.env,
+                               capture_output=True)
+                sub.usr1_sent = True
+                return
+            time.sleep(0.3)
+
+    def close(self) -> None:
+        for sub in self.subs.values():
+            for job_id in sub.ids:
+                if self.cluster.finished(job_id) is None:
+                    subprocess.run(["scancel", job_id], env=self.cluster.env, capture_output=True)
+        for sub in self.subs.values():
+            with contextlib.suppress(TimeoutError):
+                sub.wait(60)
+        self.stack.close()  # unmount the full scratch disk, also when a test failed
+
+
+@pytest.fixture(scope="module")
+def batch(request, cluster, archive, tmp_path_factory):
+    here = Path(__file__)
+    selected = {item.name for item in request.session.items if Path(item.fspath) == here}
+    names = [name for name in JOBS if name in selected]
+    b = Batch(cluster, archive, tmp_path_factory.mktemp("jobs"), names)
+    yield b
+    b.close()
+
+
 @pytest.fixture
-def jobs(cluster, archive, tmp_path):
-    return Submission(cluster, tmp_path, archive)
+def jobs(batch, request) -> Submission:
+    return batch.get(request.node.name)
 
 
-def _finished(run, epochs: int = SMOKE_EPOCHS) -> None:
+def _finished(run, epochs: int = 2) -> None:
     assert run.epochs["epoch"].tolist() == list(range(1, epochs + 1)), run.path
     assert run.summary is not None and run.summary["completed_epochs"] == epochs, run.path
     assert run.summary["ranks_agree"], run.summary  # every worker ended with the same weights
 
 
-def test_single_gpu_baseline_requeues_at_the_time_limit_and_finishes(jobs):
-    """A 2-minute limit, warned 60 s before: the run needs longer, so it must checkpoint,
-    requeue itself and resume, and still end with every epoch."""
-    job = jobs.submit("01_single_gpu_baseline.sbatch", "--time=2", "--signal=B:USR1@60", train=("--epochs", "40"))
-    (record,) = jobs.wait_completed(job, timeout=900)
+# -- The cluster itself ------------------------------------------------------------------------
+
+def test_the_daemons_listen_on_loopback_only(cluster):
+    """slurmctld and both slurmd listen on 127.0.0.1 only: the test Slurm shares this host's
+    network, and nothing on it must be reachable from outside."""
+    daemons = [s for s in cluster.listening_sockets() if s[0] in ("slurmctld", "slurmd")]
+    assert sorted({s[0] for s in daemons}) == ["slurmctld", "slurmd"] and len({s[1] for s in daemons}) == 3, daemons
+    assert all(addr in LOOPBACK for _, _, addr, _ in daemons), daemons
+
+
+def test_the_node_names_resolve_for_jobs_but_etc_hosts_is_untouched(cluster):
+    hosts = Path("/etc/hosts").read_text()
+    assert not any(n in hosts for n in NODES), "the test Slurm edited /etc/hosts"
+    out = cluster.in_namespace("getent", "hosts", *NODES)
+    assert [line.split()[0] for line in out.stdout.splitlines()] == ["127.0.0.1"] * len(NODES), out.stdout
+
+
+def _fake(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+
+
+@pytest.mark.parametrize("daemon, body, message", [
+    ("slurmctld", 'echo "fatal: cannot bind (a fake slurmctld)"; exit 1', "slurmctld exited at start (status 1)"),
+    ("slurmd", 'echo "a fake slurmd that never registers"; exec sleep 300',
+     "the nodes did not come up idle within 3 s"),
+], ids=["slurmctld-exits", "nodes-never-up"])
+def test_a_slurm_that_does_not_start_fails_with_its_logs(tmp_path, daemon, body, message):
+    """Only 'cannot host Slurm here' may skip: a daemon that dies or nodes that never come
+    up fail the tests, and the failure shows the daemons' logs."""
+    c = SlurmCluster(tmp_path / "slurm")
+    _fake(tmp_path / "bin", daemon, body)
+    c.env["PATH"] = f"{tmp_path / 'bin'}:{c.env['PATH']}"
+    c.node_timeout = 3
+    with pytest.raises(pytest.fail.Exception) as failed:
+        start_or_skip(c)
+    text = str(failed.value)
+    assert text.startswith("the test Slurm did not start: " + message), text
+    assert ("fatal: cannot bind" if daemon == "slurmctld" else "never registers") in text  # the log's tail
+    assert c.holder is None and not c.procs  # everything it started was stopped
+
+
+def test_only_a_machine_that_cannot_host_slurm_skips(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        start_or_skip(SlurmCluster(tmp_path))
+
+
+# -- The examples ------------------------------------------------------------------------------
+
+def test_single_gpu_baseline_requeues_when_warned_and_finishes(jobs):
+    """Slurm's time-limit warning (USR1 to the batch shell, as --signal=B:USR1@600 sends it)
+    arrives after the first epoch: the run must checkpoint, requeue itself, resume and
+    still end with every epoch."""
+    (record,) = jobs.wait_completed()
+    assert jobs.usr1_sent, f"the job finished before it could be warned\n{jobs.log(3000)}"
     assert int(record["Restarts"]) >= 1, f"the job was never requeued\n{jobs.log(3000)}"
-    assert "requeueing job" in jobs.log()
+    log = jobs.log()
+    assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log
     (run,) = jobs.runs()  # one record, continued across restarts
-    _finished(run, 40)
+    _finished(run, 4)
     assert [e for e in run.events if e["type"] == "resume"], "no resume recorded"
     assert run.environment["workers"] == 1
 
 
 def test_dependency_chain_resumes_from_the_previous_jobs_checkpoint(jobs):
-    out = subprocess.run([str(EXAMPLES / "chain.sh"), "2", "2", str(EXAMPLES / "01_single_gpu_baseline.sbatch")],
-                         env=jobs.env, capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    ids = re.findall(r"job \d+/2: (\d+)", out.stdout)
-    assert len(ids) == 2, out.stdout
-    for job in ids:
-        jobs.wait_completed(job)
+    jobs.wait_completed()
     (run,) = jobs.runs()
-    _finished(run, 4)
-    assert "resuming checkpoint-epoch0002.pt at epoch 2" in jobs.log()
+    _finished(run, 2)
+    assert "resuming checkpoint-epoch0001.pt at epoch 1" in jobs.log()
 
 
 @pytest.mark.parametrize("dist", ["horovod", "ddp"])
-def test_one_node_data_parallel(cluster, archive, tmp_path, dist):
-    jobs = Submission(cluster, tmp_path, archive, DIST=dist)
-    jobs.wait_completed(jobs.submit("02_single_node_data_parallel.sbatch"))
+def test_one_node_data_parallel(jobs, dist):
+    """DDP runs where Horovod is broken (the doctor checks what the job uses); the Horovod
+    job is submitted through a repository path with a comma (GUIDE_ROOT is exported, not
+    passed in --export=ALL,NAME=value, where a comma splits it)."""
+    jobs.wait_completed()
     (run,) = jobs.runs()
     _finished(run)
     assert (run.config["dist"], run.environment["workers"]) == (dist, 2)
+    if jobs.job.comma_path:
+        assert f"== site ci ({jobs.repo}/slurm_examples/sites/ci.sh)" in jobs.log()
 
 
-@pytest.mark.parametrize("launcher, dist", [("srun", "horovod"), ("mpirun", "horovod"), ("torchrun", "ddp"),
-                                            ("srun-ddp", "ddp")])
-def test_multi_node(cluster, archive, tmp_path, launcher, dist):
-    jobs = Submission(cluster, tmp_path, archive, LAUNCHER=launcher)
-    jobs.wait_completed(jobs.submit("03_multi_node_horovod.sbatch"))
+@pytest.mark.parametrize("launcher", [launcher for launcher, _ in MULTI_NODE])
+def test_multi_node(jobs, launcher):
+    dist = dict(MULTI_NODE)[launcher]
+    jobs.wait_completed()
     (run,) = jobs.runs()
     _finished(run)
     assert (run.config["dist"], run.environment["workers"]) == (dist, 4)
-    assert sorted(run.environment["slurm"]["nodes"]) == ["guide-n1", "guide-n2"]
+    assert sorted(run.environment["slurm"]["nodes"]) == list(NODES)
     log = jobs.log()  # the job printed its configuration and the doctor's report before staging
-    assert log.index("== site ci") < log.index("stack usable: yes") < log.index("== staging")
+    assert log.index("== site ci") < log.index(f"stack usable: yes (for --framework pytorch --dist {dist})") \
+        < log.index("== staging")
+    if dist == "ddp":
+        assert re.search(r"^horovod +not checked \(not used by --framework pytorch --dist ddp\)$", log, re.M), log
 
 
-@pytest.mark.parametrize("script, expected", [
-    ("04_naive_scaling.sbatch", [(32, "none", "none"), (64, "none", "none"), (128, "none", "none")]),
-    ("05_linear_scaling_rule.sbatch", [(32, "linear", "none"), (64, "linear", "none"), (128, "linear", "none")]),
-    ("06_learning_rate_warmup.sbatch", [(32, "linear", "stepping"), (64, "linear", "stepping"),
-                                        (128, "linear", "stepping")]),
-    ("07_per_worker_batch_size.sbatch", [(32, "linear", "stepping"), (128, "linear", "stepping")]),
-])
-def test_job_array_writes_one_record_per_task(jobs, script, expected):
-    records = jobs.wait_completed(jobs.submit(script))
+@pytest.mark.parametrize("script", sorted(ARRAYS), ids=lambda s: s[:2])
+def test_job_array_writes_one_record_per_task(jobs, script):
+    expected = ARRAYS[script]
+    records = jobs.wait_completed()
     assert sorted(int(r["ArrayTaskId"]) for r in records) == list(range(len(expected)))
     runs = jobs.runs()
     assert len(runs) == len(expected), [r.name for r in runs]
     for run in runs:
-        _finished(run)
+        _finished(run, 1)
     got = sorted((r.config["per_worker_batch"], r.config["lr_scaling"], r.config["warmup"]) for r in runs)
     assert got == expected
 
 
-def test_an_incomplete_site_profile_stops_before_anything_runs(jobs, tmp_path):
-    broken = tmp_path / "broken.sh"
-    broken.write_text("".join(line for line in (EXAMPLES / "sites/ci.sh").read_text().splitlines(keepends=True)
-                              if not line.startswith("GUIDE_SCRATCH=")))
-    env = {**jobs.env, "GUIDE_SITE": str(broken)}
-    # Through submit.sh: refused on the login node, nothing submitted.
-    out = subprocess.run([str(EXAMPLES / "submit.sh"), str(EXAMPLES / "01_single_gpu_baseline.sbatch")],
-                         env=env, capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [f"error: site profile {broken} does not set GUIDE_SCRATCH; add it "
-                                               "(see slurm_examples/sites/TEMPLATE.sh)"]
-    assert "Traceback" not in out.stderr and not jobs.logs.exists()
-    # With plain sbatch: the job stops at its first line, before staging or training.
-    jobs.logs.mkdir()
-    out = subprocess.run(["sbatch", "--parsable", f"--output={jobs.logs}/%x-%j.out",
-                          str(EXAMPLES / "01_single_gpu_baseline.sbatch")], env=env, capture_output=True,
-                         text=True, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    (record,) = jobs.cluster.wait(out.stdout.strip())
-    assert (record["JobState"], record["ExitCode"]) == ("FAILED", "2:0")
-    assert "does not set GUIDE_SCRATCH" in jobs.log() and "staging" not in jobs.log()
-    assert not jobs.results.exists()
-
-
-# SlurmClusterResolver gives the tasks of every node the same ports (port base + local
-# index), which is right on real nodes; the tests' two "nodes" are one host, so the native
-# strategy runs on one of them (two workers) and Horovod on both (four).
-@pytest.mark.parametrize("script, dist, sbatch, workers", [
-    ("08_tensorflow_horovod.sbatch", "horovod", (), 4),
-    ("08_tensorflow_native.sbatch", "mwms", ("--nodes=1",), 2),
-])
-def test_tensorflow(jobs, script, dist, sbatch, workers):
-    jobs.wait_completed(jobs.submit(script, *sbatch))
+@pytest.mark.parametrize("dist", [dist for _, dist, _, _ in TENSORFLOW])
+def test_tensorflow(jobs, dist):
+    # SlurmClusterResolver gives the tasks of every node the same ports (port base + local
+    # index), which is right on real nodes; the tests' two "nodes" are one host, so the
+    # native strategy runs on one of them (two workers, with a broken Horovod) and Horovod
+    # on both (four).
+    workers = {d: w for _, d, _, w in TENSORFLOW}[dist]
+    jobs.wait_completed()
     (run,) = jobs.runs()
     _finished(run)
     assert (run.config["framework"], run.config["dist"], run.environment["workers"]) == ("tensorflow", dist, workers)
     if dist == "horovod":
-        assert sorted(run.environment["slurm"]["nodes"]) == ["guide-n1", "guide-n2"]
+        assert sorted(run.environment["slurm"]["nodes"]) == list(NODES)
         assert len(run.summary["weights_digests"]) == 4
+
+
+# -- Jobs that must stop early, with one line that says why ------------------------------------
+
+def test_a_horovod_job_without_horovod_stops_at_the_doctor(jobs):
+    log = jobs.wait_failed_at_start()
+    problems = [line for line in log.splitlines() if line.startswith("PROBLEM:")]
+    assert len(problems) == 1 and "Horovod does not import" in problems[0], log[-3000:]
+    assert "use --dist ddp, which needs no Horovod" in problems[0]
+    assert "stack usable: NO (for --framework pytorch --dist horovod)" in log and "== staging" not in log
+
+
+def test_an_incomplete_site_profile_stops_before_anything_runs(jobs, tmp_path):
+    """Through submit.sh: refused on the login node, nothing submitted. With plain sbatch
+    (the job of JOBS, submitted with this profile): the job stops at its first line."""
+    broken = tmp_path / "broken.sh"
+    broken.write_text("".join(line for line in (EXAMPLES / "sites/ci.sh").read_text().splitlines(keepends=True)
+                              if not line.startswith("GUIDE_SCRATCH=")))
+    out = subprocess.run([str(EXAMPLES / "submit.sh"), str(EXAMPLES / "01_single_gpu_baseline.sbatch")],
+                         env={**jobs.env, "GUIDE_SITE": str(broken)}, capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [f"error: site profile {broken} does not set GUIDE_SCRATCH; add it "
+                                               "(see slurm_examples/sites/TEMPLATE.sh)"]
+    log = jobs.wait_failed_at_start()
+    assert re.search(r"^error: site profile \S+/incomplete-site\.sh does not set GUIDE_SCRATCH", log, re.M), log
+    assert "staging" not in log
+
+
+def test_a_job_without_guide_site_stops_at_its_first_line(jobs):
+    """sbatch'ed directly with no GUIDE_SITE: no silent default, one line naming it."""
+    log = jobs.wait_failed_at_start()
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: GUIDE_SITE is not set; export GUIDE_SITE=NAME"), log
+    assert "ci, gpus-per-node-apptainer, thesis-taito" in errors[0] and "== site" not in log
+
+
+@pytest.mark.parametrize("dist", ["horovod", "ddp"])
+def test_dist_started_in_the_batch_script_fails_at_once(jobs, dist):
+    """`python -m guide_utils.train --dist horovod|ddp` with no launcher, in the batch script
+    itself (SLURM_PROCID=0 is set there too): one line and exit 2 within seconds, never a
+    rank waiting for the others until the time limit."""
+    log = jobs.wait_failed_at_start(timeout=180)
+    (record,) = jobs.cluster.jobs(jobs.ids[0])
+    h, m, s = map(int, record["RunTime"].split(":")[-3:])
+    assert h * 3600 + m * 60 + s < 90, record["RunTime"]
+    errors = [line for line in log.splitlines() if "error" in line]
+    assert len(errors) == 1, log
+    assert errors[0].startswith(f"python -m guide_utils.train: error: --dist {dist} was started directly in the "
+                                f"batch script of job {jobs.ids[0]}"), errors
+
+
+def test_a_full_scratch_disk_fails_the_job_at_staging(jobs, archive):
+    """A real full disk (a 512 KiB tmpfs as node-local scratch, the archive is 3.6 MB): the
+    job stops at staging with one line naming the node, the archive, tar's error and the
+    fix, not later in the training with a missing train/ folder."""
+    log = jobs.wait_failed_at_start()
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, log
+    assert re.fullmatch(rf"error: staging on node guide-n[12]: unpacking {re.escape(str(archive))} \(\S+\) to "
+                        rf"{re.escape(str(jobs.scratch))}/guide-scratch-{jobs.ids[0]} failed \(tar: .*No space left on "
+                        r"device\); free space in \S+ or set GUIDE_SCRATCH in \S+/ci\.sh to a larger node-local disk",
+                        errors[0]), errors[0]
+    assert "guide_utils.train" not in log  # the training never started
+
+
+# Listeners whose address the software hard-codes to "any" (see slurm_cluster.listener_kind):
+# reported, not fixable by configuration. Everything else must be on loopback.
+HARD_CODED_ANY = {"openmpi", "horovodrun", "torch-store", "tensorflow"}
+
+
+def test_jobs_listen_on_loopback_where_it_can_be_configured(batch, cluster):
+    """What the jobs of this module listened on, sampled every second while they ran. Slurm's
+    step daemons and srun (CommunicationParameters=NoInAddrAny), Gloo and every other
+    configurable listener are on loopback; the only others are the known hard-coded ones."""
+    assert batch.subs, "run this test with the example tests: it checks their jobs"
+    for sub in batch.subs.values():
+        with contextlib.suppress(TimeoutError):
+            sub.wait(600)
+    seen = {s for s in cluster.seen_listeners if s[0] not in ("slurmctld", "slurmd")}
+    assert "srun" in {c for c, kind, _, _ in seen if kind == "slurm"}, seen
+    assert any(kind == "other" for _, kind, _, _ in seen), seen  # e.g. the workers' Gloo pairs
+    exposed = sorted(s for s in seen if s[2] not in LOOPBACK)
+    unexpected = [s for s in exposed if s[1] not in HARD_CODED_ANY]
+    assert not unexpected, [(s, cluster.listener_pids.get(s)) for s in unexpected]
+    print("hard-coded wildcard listeners:", sorted({(c, kind) for c, kind, _, _ in exposed}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,7 +38,10 @@ def test_every_script_follows_the_conventions(script):
     text = script.read_text()
     body = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert body[0] == "set -euo pipefail", "first command must be set -euo pipefail"
-    assert "guide_setup" in body, "must call guide_setup (site profile, configuration, doctor, staging)"
+    setup = [line for line in body if line.startswith("guide_setup")]
+    usage = r'guide_setup (pytorch|tensorflow) (none|ddp|horovod|mwms|"\$\w+")'
+    assert len(setup) == 1 and re.fullmatch(usage, setup[0]), \
+        "must call guide_setup FRAMEWORK DIST once (site profile, configuration, the doctor for this job, staging)"
     assert f"#SBATCH --job-name={script.stem}" in text
     srun_lines = [line for line in text.splitlines() if line.strip().startswith("srun ")]
     assert srun_lines or "horovodrun" in text, "every script launches with srun (or a launcher that ends all on a failure)"
@@ -45,10 +49,15 @@ def test_every_script_follows_the_conventions(script):
     assert not re.search(r"--(account|partition|gres|gpus-per-node)=", text), "site values belong in the profile"
 
 
+def _submit(site: str | None, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "GUIDE_SITE"}
+    if site is not None:
+        env["GUIDE_SITE"] = site
+    return subprocess.run([str(EXAMPLES / "submit.sh"), *args], env=env, capture_output=True, text=True, cwd=REPO)
+
+
 def _dry_run(site: str, script: str, *extra: str) -> str:
-    env = {**os.environ, "GUIDE_SITE": site}
-    out = subprocess.run([str(EXAMPLES / "submit.sh"), "--dry-run", str(EXAMPLES / script), *extra],
-                         env=env, capture_output=True, text=True, cwd=REPO)
+    out = _submit(site, "--dry-run", str(EXAMPLES / script), *extra)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -84,3 +93,181 @@ def test_chain_refuses_what_it_sets_itself():
     out = subprocess.run([str(EXAMPLES / "chain.sh"), "3", "10", str(EXAMPLES / "01_single_gpu_baseline.sbatch"),
                           "--", "--epochs", "90"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "do not pass --epochs" in out.stderr
+
+
+def test_the_site_must_be_named():
+    """No default site: without GUIDE_SITE, submit.sh stops with one line naming it and the
+    shipped profiles (a job sbatch'ed directly does the same at its first line, tested on
+    the real Slurm in test_slurm_examples.py)."""
+    out = _submit(None, "--dry-run", str(EXAMPLES / "01_single_gpu_baseline.sbatch"))
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: GUIDE_SITE is not set; export GUIDE_SITE=NAME")
+    assert "ci, gpus-per-node-apptainer, thesis-taito" in line and "TEMPLATE.sh" in line
+
+
+# -- --workers: the site's GPUs per node decide the layout, never a constant in Python ----------
+
+def _sbatch_layout(command: str, site: str) -> tuple[int, int, int | None, list[str]]:
+    """Submit a printed plan command with --dry-run: (nodes, tasks per node, GPUs requested
+    per node, training flags), with the script's #SBATCH values where the command sets none."""
+    argv = shlex.split(command)
+    while re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # DIST=ddp, LAUNCHER=... prefixes
+        argv.pop(0)
+    assert argv[0] == "slurm_examples/submit.sh", command
+    sbatch = shlex.split(_dry_run(site, argv[1].removeprefix("slurm_examples/"), *argv[2:]))
+    at = next(i for i, a in enumerate(sbatch) if a.endswith(".sbatch"))
+    opts, train = sbatch[1:at], sbatch[at + 1:]
+    script = (REPO / argv[1]).read_text()
+
+    def value(name: str) -> str | None:
+        given = [o.split("=", 1)[1] for o in opts if o.startswith(f"--{name}=")]
+        own = re.findall(rf"^#SBATCH --{name}=(\S+)", script, re.M)
+        return (given or own or [None])[-1]
+
+    gpus = [int(m) for o in opts for m in re.findall(r"^--(?:gres=gpu:\w+|gpus-per-node)[:=](\d+)$", o)]
+    assert len(gpus) <= 1, opts
+    return int(value("nodes")), int(value("ntasks-per-node")), (gpus or [None])[0], train
+
+
+@pytest.mark.parametrize("site, gpus_per_node", [("thesis-taito", 4), ("gpus-per-node-apptainer", 8)])
+def test_the_exp6_plan_runs_the_thesis_workers_batch_and_lr_at_every_site(site, gpus_per_node):
+    """Every run of experiment 6, submitted as printed: nodes x tasks per node is the thesis's
+    GPU count, one GPU per task, and per-worker batch x workers and the learning rate are the
+    thesis's, on nodes of 4 GPUs and of 8 alike."""
+    from guide_utils.results.sources import thesis_quality
+    from guide_utils.scaling import scaled_lr
+    from guide_utils.studies.experiments import plan
+
+    thesis = thesis_quality(6)
+    chosen = plan("exp6", "full")
+    assert sorted(r.workers for _, r, _ in chosen) == sorted(set(thesis["gpus"]))
+    for _, run, command in chosen:
+        nodes, tasks, gpus, train = _sbatch_layout(command, site)
+        rows = thesis[thesis["gpus"] == run.workers]
+        assert nodes * tasks == run.workers, (site, command)
+        assert tasks <= gpus_per_node and gpus == tasks, (site, command, gpus)
+        assert "--base-lr" not in train and "--base-batch" not in train
+        batch = int(train[train.index("--per-worker-batch") + 1])
+        rule = train[train.index("--lr-scaling") + 1]
+        global_batch = batch * nodes * tasks
+        assert set(rows["global_batch"]) == {global_batch}, (command, global_batch)
+        assert list(rows["lr"]) == pytest.approx([scaled_lr(0.1, 256, global_batch, rule=rule)] * len(rows)), command
+
+
+def test_the_gpu_request_follows_an_explicit_ntasks_per_node():
+    out = _dry_run("thesis-taito", "02_single_node_data_parallel.sbatch", "--ntasks-per-node=2")
+    assert "--ntasks-per-node=2 " in out and "--gres=gpu:p100:2 " in out
+    assert "--ntasks-per-node=4" not in out and "gpu:p100:4" not in out
+    nodes, tasks, gpus, _ = _sbatch_layout("slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch "
+                                           "--workers=12", "gpus-per-node-apptainer")
+    assert (nodes, tasks, gpus) == (2, 6, 6)  # 12 on 8-GPU nodes: two nodes of six, not 8 + 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["03_multi_node_horovod.sbatch", "--workers=7"],
+     "error: --workers=7 cannot be spread evenly: it needs 2 nodes of at most 4 task(s) (GUIDE_TASKS_PER_NODE=4 in "),
+    (["03_multi_node_horovod.sbatch", "--workers=8", "--nodes=2"],
+     "error: --workers=8 sets --nodes and --ntasks-per-node itself; drop --nodes=2"),
+    (["03_multi_node_horovod.sbatch", "--workers=0"], "error: --workers=0 must be a positive integer"),
+    (["02_single_node_data_parallel.sbatch", "--workers=8"],
+     "error: 02_single_node_data_parallel.sbatch runs on one node, but --workers=8 needs 2 nodes"),
+])
+def test_a_bad_worker_count_is_one_line(args, message):
+    out = _submit("thesis-taito", "--dry-run", str(EXAMPLES / args[0]), *args[1:])
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(message), line
+    if "evenly" in message:
+        assert line.endswith("use --workers=6 or --workers=8")
+
+
+# -- Portability: bash < 4.4, paths with spaces ------------------------------------------------
+
+def unguarded_array_expansions(text: str, context: str = "") -> list[str]:
+    """Expansions "${a[@]}" in ``text`` of arrays that may be empty, which `set -u` turns into
+    an 'unbound variable' error on bash < 4.4 (macOS's 3.2, RHEL 7's 4.2): they must be
+    written ${a[@]+"${a[@]}"}. An array may be empty unless every assignment to it (in
+    ``text`` and the other files, ``context``) starts with a literal word (appends aside)."""
+
+    def code(t: str) -> str:
+        lines = (line.split(" #", 1)[0] for line in t.splitlines() if not line.lstrip().startswith("#"))
+        return re.sub(r'\$\{(\w+)\[@\]\+"\$\{\1\[@\]\}"\}', "", "\n".join(lines))  # drop the guarded form
+
+    first_words: dict[str, list[str]] = {}
+    for name, first in re.findall(r"(?<![\w+])(\w+)=\(\s*(\S?)", code(text + "\n" + context)):
+        first_words.setdefault(name, []).append(first)
+    for name in re.findall(r"read\s+(?:-\w+\s+)*-a\s+(\w+)", code(text + "\n" + context)):
+        first_words.setdefault(name, []).append("")
+
+    def may_be_empty(name: str) -> bool:
+        firsts = first_words.get(name)
+        return not firsts or any(f in ("", ")", "$", '"') for f in firsts)
+
+    return [m.group(0) for m in re.finditer(r"\$\{(\w+)\[[@*]\]\}", code(text)) if may_be_empty(m.group(1))]
+
+
+def test_the_array_scanner_finds_what_bash_4_3_rejects():
+    assert unguarded_array_expansions('x=()\ncmd "${x[@]}"\n') == ["${x[@]}"]
+    assert unguarded_array_expansions('args=("$@")\ncmd "${args[@]}"\n') == ["${args[@]}"]
+    assert unguarded_array_expansions('read -r -a x <<<"$s"\ncmd "${x[@]}"\n') == ["${x[@]}"]
+    assert unguarded_array_expansions('cmd "${from_elsewhere[@]}"\n') == ["${from_elsewhere[@]}"]
+    assert unguarded_array_expansions('x=()\ncmd ${x[@]+"${x[@]}"}\ny=(-a b)\ny+=(c)\ncmd "${y[@]}"\n') == []
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_no_expansion_of_an_array_that_may_be_empty_is_unguarded(path):
+    context = "\n".join(p.read_text() for p in SHELL_FILES if p != path)
+    assert unguarded_array_expansions(path.read_text(), context) == [], f"write ${{a[@]+\"${{a[@]}}\"}} in {path.name}"
+
+
+def _source_guide(tmp_path: Path, profile: str, script: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """Run ``script`` after sourcing lib/guide.sh with ``profile`` (outside any job) and a
+    fake ``apptainer`` that records each call's argv; (result, recorded argvs)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "apptainer-calls"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" >>"{calls}"\nprintf "\\n" >>"{calls}"\n')
+    (bin_dir / "apptainer").chmod(0o755)
+    site = tmp_path / "my site.sh"
+    site.write_text(profile)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GUIDE_ROOT": str(REPO), "GUIDE_SITE": str(site)}
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    out = subprocess.run(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\n{script}'],
+                         env=env, capture_output=True, text=True, cwd=tmp_path)
+    recorded = calls.read_text().split("\n")[:-1] if calls.exists() else []
+    return out, [r.split("\0")[:-1] for r in recorded]
+
+
+APPTAINER_PROFILE = """\
+GUIDE_ACCOUNT="" GUIDE_PARTITION="" GUIDE_TASKS_PER_NODE=1 GUIDE_CPUS_PER_TASK=1 GUIDE_GPU_REQUEST=""
+GUIDE_SCRATCH=/tmp GUIDE_SOFTWARE=apptainer GUIDE_DATASET_ARCHIVE="" GUIDE_TRAIN_PROFILE=smoke GUIDE_SRUN_MPI=pmix
+GUIDE_CONTAINER="{container}"
+GUIDE_APPTAINER_FLAGS={flags}
+GUIDE_TRAIN_ARGS=() GUIDE_SBATCH_EXTRA=()
+"""
+
+
+def test_container_paths_with_spaces_stay_one_argument(tmp_path):
+    """GUIDE_EXEC is built as an array: the image and a bind path with spaces reach apptainer
+    as one argument each, for the doctor (asked about this job: PyTorch, DDP) and the launch."""
+    container, bind = tmp_path / "my images" / "guide.sif", tmp_path / "node scratch"
+    container.parent.mkdir()
+    container.write_text("")
+    profile = APPTAINER_PROFILE.format(container=container, flags=f'(--nv -B "{bind}")')
+    launch = '${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils.train "${GUIDE_TRAIN_FLAGS[@]}"'
+    out, calls = _source_guide(tmp_path, profile, f"guide_setup pytorch ddp\n{launch}")
+    assert out.returncode == 0, out.stderr
+    head = ["exec", "--nv", "-B", str(bind), str(container), "python", "-m"]
+    assert calls[0] == [*head, "guide_utils", "doctor", "--framework", "pytorch", "--dist", "ddp", "--profile", "smoke"]
+    assert calls[1][:len(head) + 3] == [*head, "guide_utils.train", "--profile", "smoke"]
+    assert len(calls) == 2
+
+
+def test_apptainer_flags_as_a_string_are_one_clear_line(tmp_path):
+    container = tmp_path / "guide.sif"
+    container.write_text("")
+    out, calls = _source_guide(tmp_path, APPTAINER_PROFILE.format(container=container, flags='"--nv -B /scratch"'),
+                               "guide_setup pytorch ddp")
+    assert out.returncode == 2 and not calls
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: GUIDE_APPTAINER_FLAGS in ") and "must be an array" in line

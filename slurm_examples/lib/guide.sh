@@ -7,25 +7,33 @@
 # root, Slurm's submit directory is the same place. (A batch script runs from a copy in
 # Slurm's spool directory, so its own location says nothing.)
 GUIDE_ROOT=${GUIDE_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
-GUIDE_SITE=${GUIDE_SITE:-ci}
 
 guide_die() {
     printf 'error: %s\n' "$*" >&2
     exit 2
 }
 
-# The profile file for GUIDE_SITE: a name under slurm_examples/sites/ or a path.
+# The shipped profiles, comma-separated (TEMPLATE is a form to copy, not a profile).
+guide_site_names() {
+    local known="" f
+    for f in "$GUIDE_ROOT"/slurm_examples/sites/*.sh; do
+        [[ -e $f && $f != */TEMPLATE.sh ]] && known+="${known:+, }$(basename "$f" .sh)"
+    done
+    printf '%s\n' "${known:-<none found>}"
+}
+
+# The profile file for GUIDE_SITE: a name under slurm_examples/sites/ or a path. There is
+# no default: a job that silently ran with another centre's values (or the CI's smoke
+# scale) would waste an allocation, so the site is always named.
 guide_site_file() {
+    [[ -n ${GUIDE_SITE:-} ]] ||
+        guide_die "GUIDE_SITE is not set; export GUIDE_SITE=NAME with NAME one of $(guide_site_names)" \
+                  "(slurm_examples/sites/NAME.sh), or the path of your own copy of sites/TEMPLATE.sh"
     local file=$GUIDE_SITE
     [[ $file == */* || $file == *.sh ]] || file=$GUIDE_ROOT/slurm_examples/sites/$GUIDE_SITE.sh
-    if [[ ! -f $file ]]; then
-        local known="" f
-        for f in "$GUIDE_ROOT"/slurm_examples/sites/*.sh; do
-            [[ -e $f ]] && known+="${known:+, }$(basename "$f" .sh)"
-        done
-        guide_die "site profile '$file' not found; set GUIDE_SITE to one of ${known:-<none found>} or to a file path" \
+    [[ -f $file ]] ||
+        guide_die "site profile '$file' not found; set GUIDE_SITE to one of $(guide_site_names) or to a file path" \
                   "(and run from the repository root or through slurm_examples/submit.sh)"
-    fi
     printf '%s\n' "$file"
 }
 
@@ -56,6 +64,11 @@ guide_check_site() {
     esac
     [[ -z $GUIDE_DATASET_ARCHIVE || -n ${GUIDE_DATASET_NAME:-} ]] ||
         guide_die "GUIDE_DATASET_ARCHIVE is set in $file but GUIDE_DATASET_NAME (the folder inside the archive) is not"
+    # Lists of arguments are arrays, so that a value with a space (a path) stays one argument.
+    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS; do
+        [[ -z ${!name+set} || $(declare -p "$name" 2>/dev/null) == "declare -a"* ]] ||
+            guide_die "$name in $file must be an array, e.g. $name=(--one --two \"a value\"), not a string"
+    done
 }
 
 # Source and check the profile. Inside a job, unset variables in it are errors (set -u);
@@ -101,13 +114,15 @@ guide_software() {
             ;;
         apptainer)
             [[ -f $GUIDE_CONTAINER ]] || guide_die "GUIDE_CONTAINER=$GUIDE_CONTAINER does not exist; build or copy the image first"
-            read -r -a GUIDE_EXEC <<<"apptainer exec ${GUIDE_APPTAINER_FLAGS:-} $GUIDE_CONTAINER"
+            GUIDE_EXEC=(apptainer exec ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"} "$GUIDE_CONTAINER")
             ;;
     esac
 }
 
-# Print what this job is and will do, then the doctor's view of the first node. A job log
-# that starts with its own configuration answers most "why was it slow/different" questions.
+# Print what this job is and will do, then the doctor's view of the first node for this
+# job's framework and --dist (a DDP job does not need Horovod, so a missing Horovod must not
+# stop it). A job log that starts with its own configuration answers most "why was it
+# slow/different" questions.
 guide_banner() {
     printf '== %s: job %s on %s node(s) [%s], %s task(s)\n' "${SLURM_JOB_NAME:-?}" "${SLURM_JOB_ID:-?}" \
         "${SLURM_JOB_NUM_NODES:-?}" "${SLURM_JOB_NODELIST:-?}" "${SLURM_NTASKS:-?}"
@@ -116,14 +131,19 @@ guide_banner() {
     printf '== site %s (%s): profile %s, software %s, scratch %s\n' "$GUIDE_SITE" "$GUIDE_SITE_FILE" \
         "$GUIDE_TRAIN_PROFILE" "$GUIDE_SOFTWARE" "$GUIDE_SCRATCH"
     printf '== dataset %s\n' "${GUIDE_DATASET_ARCHIVE:-"(none: the training profile's built-in data)"}"
-    "${GUIDE_EXEC[@]}" python -m guide_utils doctor --profile "$GUIDE_TRAIN_PROFILE" || guide_die "guide_utils doctor failed: the software environment is broken (see above)"
+    printf '== framework %s, --dist %s\n' "$GUIDE_FRAMEWORK" "$GUIDE_DIST"
+    ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --framework "$GUIDE_FRAMEWORK" --dist "$GUIDE_DIST" \
+        --profile "$GUIDE_TRAIN_PROFILE" ||
+        guide_die "guide_utils doctor: the software environment cannot run --framework $GUIDE_FRAMEWORK --dist $GUIDE_DIST (PROBLEM above)"
 }
 
 # Unpack the dataset archive to node-local disk, once per node (one task per node), and set
 # GUIDE_DATA to what the training command gets as --data. Reading thousands of small files
 # from the parallel filesystem on every epoch is what makes multi-node jobs slow; one big
 # sequential read per node is not. Unpacks into a temporary folder and renames it, so a
-# requeued job (or two nodes sharing a disk) finds either nothing or a complete copy.
+# requeued job (or two nodes sharing a disk) finds either nothing or a complete copy. A
+# failure (a full disk, a bad archive) stops the job here with one line per node, instead
+# of a training that cannot find its data later.
 guide_stage_data() {
     GUIDE_DATA_ARGS=()
     [[ -n $GUIDE_DATASET_ARCHIVE ]] || return 0
@@ -134,23 +154,40 @@ guide_stage_data() {
     echo "== staging $GUIDE_DATASET_ARCHIVE to $target on each node"
     # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c '
-        set -euo pipefail
-        scratch=$1 archive=$2 name=$3
+        set -uo pipefail
+        scratch=$1 archive=$2 name=$3 site=$4 node=${SLURMD_NODENAME:-$(hostname)} tmp=""
+        fail() {  # one line: where, what failed, its first error line, the fix
+            local first=""
+            read -r first <<<"$2" || true
+            [[ -z $tmp ]] || rm -rf "$tmp"
+            echo "error: staging on node $node: $1 failed ($first); $3" >&2
+            exit 2
+        }
         [[ -d $scratch/$name ]] && exit 0
-        mkdir -p "$scratch"
-        tmp=$(mktemp -d "$scratch/.staging.XXXXXX")
-        tar -xf "$archive" -C "$tmp"
-        [[ -d $tmp/$name ]] || { echo "error: $archive has no top-level folder $name (fix GUIDE_DATASET_NAME)" >&2; exit 2; }
-        mv -T "$tmp/$name" "$scratch/$name" 2>/dev/null || true  # lost a race: the other copy is complete
+        fix="free space in $scratch or set GUIDE_SCRATCH in $site to a larger node-local disk"
+        err=$(mkdir -p "$scratch" 2>&1) || fail "creating GUIDE_SCRATCH=$scratch" "$err" "$fix"
+        err=$(mktemp -d "$scratch/.staging.XXXXXX" 2>&1) || fail "creating a folder in $scratch" "$err" "$fix"
+        tmp=$err
+        err=$(tar -xf "$archive" -C "$tmp" 2>&1) ||
+            fail "unpacking $archive ($(du -h "$archive" | cut -f1)) to $scratch" "$err" "$fix"
+        [[ -d $tmp/$name ]] || fail "unpacking $archive" "it has no top-level folder $name" "fix GUIDE_DATASET_NAME in $site"
+        if ! err=$(mv -T "$tmp/$name" "$scratch/$name" 2>&1); then
+            # Another task sharing this disk renamed its complete copy first: use that one.
+            [[ -d $scratch/$name ]] || fail "moving the unpacked $name into $scratch" "$err" "$fix"
+        fi
         rm -rf "$tmp"
-    ' staging "$GUIDE_SCRATCH" "$GUIDE_DATASET_ARCHIVE" "$GUIDE_DATASET_NAME"
+    ' staging "$GUIDE_SCRATCH" "$GUIDE_DATASET_ARCHIVE" "$GUIDE_DATASET_NAME" "$GUIDE_SITE_FILE" || exit
     GUIDE_DATA_ARGS=(--data "$target")
 }
 
-# Everything a script does before its launch line. GUIDE_TRAIN_FLAGS are the flags every
-# launch passes to `python -m guide_utils.train`: profile, staged data, site extras, where
-# the run records go (results/, where the notebooks look for them).
+# Everything a script does before its launch line: guide_setup FRAMEWORK DIST, the
+# framework (pytorch | tensorflow) and --dist the launch line uses, for the doctor.
+# GUIDE_TRAIN_FLAGS are the flags every launch passes to `python -m guide_utils.train`:
+# profile, staged data, site extras, where the run records go (results/, where the
+# notebooks look for them).
 guide_setup() {
+    (($# == 2)) || guide_die "guide_setup needs the job's framework and --dist, e.g. guide_setup pytorch ddp"
+    GUIDE_FRAMEWORK=$1 GUIDE_DIST=$2
     guide_load_site
     guide_software
     guide_banner

@@ -17,9 +17,16 @@ GUIDE_TRAIN_PROFILE=smoke
 GUIDE_TRAIN_ARGS=(--model small_resnet --image-size 16)  # an image model for the image archive
 GUIDE_SRUN_MPI=pmix
 GUIDE_SBATCH_EXTRA=()
-# Two cores: one thread per process; CI runs as root, which OpenMPI refuses unless told.
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Two cores: one thread per process, and MPI ranks that wait yield the core instead of
+# spinning on it (the tests run several jobs at once); CI runs as root, which OpenMPI
+# refuses unless told.
+export OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The tests' two Slurm "nodes" are one host: OpenMPI's shared-memory transport would mix
 # up the same local ranks of both nodes, so MPI talks over TCP (and self) only, and only on
 # the loopback interface the two "nodes" share (other interfaces here may not route).
 export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+# The same for the other launchers: nothing a test job starts should be reachable from the
+# network. The rendezvous host (DDP under srun) and the interfaces of Gloo (PyTorch's and
+# Horovod's) and of PyTorch's TensorPipe; the node names resolve to 127.0.0.1 in the test
+# Slurm's hosts file, which covers torchrun's rendezvous host and TensorFlow's workers.
+export MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo TP_SOCKET_IFNAME=lo HOROVOD_GLOO_IFACE=lo

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,8 @@ def command(launcher: str, workers: int, module: str, args: list[str]) -> list[s
     """The argv that starts ``workers`` copies of ``python -m module args``."""
     python = [sys.executable, "-m", module, *args]
     if launcher == "horovodrun":
-        return [str(BIN / "horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *python]
+        lo = ["--network-interface", loopback_interface() or "lo"]
+        return [str(BIN / "horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *lo, *python]
     if launcher == "mpirun":
         mpirun = shutil.which("mpirun")
         if mpirun is None:
@@ -97,12 +99,31 @@ def command(launcher: str, workers: int, module: str, args: list[str]) -> list[s
     raise GuideError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
 
 
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
 def environment() -> dict[str, str]:
+    """The workers' environment. Every worker started here runs on this machine, so their
+    traffic stays on loopback and what they listen on is not reachable from the network:
+    the rendezvous address, Gloo (PyTorch's and Horovod's) and OpenMPI's TCP transports are
+    pinned to it, unless the caller's environment already says otherwise."""
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # workers must find this environment's python
     env.setdefault("OMP_NUM_THREADS", "1")  # two workers on two cores: one thread each
     if os.geteuid() == 0:  # OpenMPI refuses root unless told twice (containers, CI)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    lo = loopback_interface()
+    if lo:
+        for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "OMPI_MCA_btl_tcp_if_include",
+                     "OMPI_MCA_oob_tcp_if_include"):
+            env.setdefault(name, lo)
     return env
 
 

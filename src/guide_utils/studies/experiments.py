@@ -18,7 +18,6 @@ iterations (the thesis's ``--num_batches=200``); quality experiments (4-9) train
 
 from __future__ import annotations
 
-import math
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ from ..errors import GuideError
 from ..config import make_config
 
 PROG = "python -m guide_utils experiments"
-GPUS_PER_NODE = 4  # the thesis's nodes: four P100 each
 SMOKE_BATCH = 32  # smoke: the per-worker batch of "one thesis GPU"
 # Smoke quality runs: MNIST-1D with the settings of shared/notes/small-scale-quality.md
 # (base lr 0.05 at batch 32, drops at 50 % and 75 % of training). 20,000 samples give the
@@ -59,6 +57,7 @@ class Experiment:
     source: str  # where in the thesis
     kind: str  # "throughput" or "quality"
     grid: tuple[dict[str, Any], ...]  # per run: workers, per_worker_batch, dist, lr_scaling, warmup, warmup_epochs
+    single_node: bool = False  # every multi-worker run on one node (launched by 02, not 03)
 
 
 def _q(workers, lr_scaling="linear", warmup="none", warmup_epochs=5, per_worker_batch=128, **extra):
@@ -74,7 +73,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("exp1", "Throughput: single-GPU baseline", "thesis 5.1, Appendix 1", "throughput",
                tuple(_t(1, b) for b in (32, 64, 128))),
     Experiment("exp2", "Throughput: one node, Horovod vs PyTorch DDP", "thesis 5.2, Appendix 2", "throughput",
-               tuple(_t(w, b, d) for d in ("horovod", "ddp") for w in (2, 4) for b in (32, 64, 128))),
+               tuple(_t(w, b, d) for d in ("horovod", "ddp") for w in (2, 4) for b in (32, 64, 128)), single_node=True),
     Experiment("exp3", "Throughput: many nodes", "thesis 5.3, Appendix 3", "throughput",
                tuple(_t(w, b) for w in (8, 16, 24, 32) for b in (32, 64, 128))),
     # PyTorch-examples defaults: lr 0.1 for any batch, drops every 30 epochs.
@@ -136,7 +135,13 @@ def runs(name: str, profile: str) -> list[Run]:
 
 
 def launch_command(name: str, run: Run, profile: str, index: int) -> str:
-    """How to start one run: the engine's command on a laptop, a submission on the cluster."""
+    """How to start one run: the engine's command on a laptop, a submission on the cluster.
+
+    A multi-worker cluster run asks ``submit.sh`` for ``--workers=N``: the site profile
+    knows the GPUs per node (4 on the thesis's nodes, 8 on many newer ones) and turns N
+    into ``--nodes`` and ``--ntasks-per-node``, so the global batch, and with it the
+    learning rate, is the thesis's at every site.
+    """
     if profile == "smoke":
         train = "python -m guide_utils.train --profile smoke " + " ".join(_flags(run, keep_dist=True))
         if run.workers == 1:
@@ -147,12 +152,12 @@ def launch_command(name: str, run: Run, profile: str, index: int) -> str:
         return f"horovodrun -np {run.workers} --gloo {train}"
     if run.workers == 1:
         return "slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch -- " + " ".join(_flags(run))
-    if run.workers <= GPUS_PER_NODE:
-        dist = "DIST=ddp " if run.settings["dist"] == "ddp" else ""
-        return (f"{dist}slurm_examples/submit.sh slurm_examples/02_single_node_data_parallel.sbatch "
-                f"--ntasks-per-node={run.workers} -- " + " ".join(_flags(run)))
-    nodes = math.ceil(run.workers / GPUS_PER_NODE)
-    return (f"slurm_examples/submit.sh slurm_examples/03_multi_node_horovod.sbatch --nodes={nodes} -- "
+    ddp = run.settings["dist"] == "ddp"
+    if EXPERIMENTS[name].single_node:
+        env, script = "DIST=ddp " if ddp else "", "02_single_node_data_parallel"
+    else:
+        env, script = "LAUNCHER=srun-ddp " if ddp else "", "03_multi_node_horovod"
+    return (f"{env}slurm_examples/submit.sh slurm_examples/{script}.sbatch --workers={run.workers} -- "
             + " ".join(_flags(run)))
 
 
