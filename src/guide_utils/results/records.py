@@ -102,7 +102,9 @@ class RunRecorder:
 
 
 @dataclass
-class Run:
+class RunRecord:
+    """A run record read back: its settings, environment, epochs (a table), samples, summary."""
+
     name: str
     path: Path
     config: dict
@@ -114,7 +116,7 @@ class Run:
     samples: Any = None  # pandas.DataFrame of utilisation samples (--monitor); empty without
 
 
-def read_run(path: Path | str) -> Run:
+def read_run(path: Path | str) -> RunRecord:
     """One run record; malformed lines (e.g. a truncated last line) are skipped and counted."""
     import pandas as pd
 
@@ -150,10 +152,10 @@ def read_run(path: Path | str) -> Run:
                          "python -m guide_utils.train")
     # A resumed run re-records epochs it redid: the last occurrence wins.
     table = pd.DataFrame([epochs[k] for k in sorted(epochs)])
-    return Run(path.stem, path, config, environment, table, summary, events, skipped, pd.DataFrame(samples))
+    return RunRecord(path.stem, path, config, environment, table, summary, events, skipped, pd.DataFrame(samples))
 
 
-def read_runs(results_dir: Path | str, pattern: str = "*.jsonl") -> list[Run]:
+def read_runs(results_dir: Path | str, pattern: str = "*.jsonl") -> list[RunRecord]:
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise GuideError(f"results directory {results_dir} does not exist; run python -m guide_utils.train first")
@@ -166,7 +168,7 @@ def _column(table, name: str):
     return table[name].dropna() if name in table else pd.Series(dtype=float)
 
 
-def runs_table(runs: Iterable[Run] | Path | str):
+def runs_table(runs: Iterable[RunRecord] | Path | str):
     """One row per run: its settings and its best/final errors and mean throughput."""
     import pandas as pd
 

@@ -44,7 +44,9 @@ FULL_THROUGHPUT = {"data": "synthetic", "epochs": 1, "max_steps_per_epoch": 200,
 
 
 @dataclass(frozen=True)
-class Run:
+class PlannedRun:
+    """One run of an experiment: what it is called, how many workers, which settings."""
+
     label: str
     workers: int
     settings: dict[str, Any] = field(default_factory=dict)
@@ -60,39 +62,42 @@ class Experiment:
     single_node: bool = False  # every multi-worker run on one node (launched by 02, not 03)
 
 
-def _q(workers, lr_scaling="linear", warmup="none", warmup_epochs=5, per_worker_batch=128, **extra):
+def _quality_run(workers, lr_scaling="linear", warmup="none", warmup_epochs=5, per_worker_batch=128, **extra):
+    """A quality run of the thesis: trained to the end, judged by validation error."""
     return {"workers": workers, "per_worker_batch": per_worker_batch, "lr_scaling": lr_scaling, "warmup": warmup,
             "warmup_epochs": warmup_epochs, "dist": "none" if workers == 1 else "horovod", **extra}
 
 
-def _t(workers, per_worker_batch, dist="horovod"):
+def _throughput_run(workers, per_worker_batch, dist="horovod"):
+    """A throughput run of the thesis: a few hundred iterations on synthetic data."""
     return {"workers": workers, "per_worker_batch": per_worker_batch, "dist": "none" if workers == 1 else dist}
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("exp1", "Throughput: single-GPU baseline", "thesis 5.1, Appendix 1", "throughput",
-               tuple(_t(1, b) for b in (32, 64, 128))),
+               tuple(_throughput_run(1, b) for b in (32, 64, 128))),
     Experiment("exp2", "Throughput: one node, Horovod vs PyTorch DDP", "thesis 5.2, Appendix 2", "throughput",
-               tuple(_t(w, b, d) for d in ("horovod", "ddp") for w in (2, 4) for b in (32, 64, 128)), single_node=True),
+               tuple(_throughput_run(w, b, d) for d in ("horovod", "ddp") for w in (2, 4) for b in (32, 64, 128)),
+               single_node=True),
     Experiment("exp3", "Throughput: many nodes", "thesis 5.3, Appendix 3", "throughput",
-               tuple(_t(w, b) for w in (8, 16, 24, 32) for b in (32, 64, 128))),
+               tuple(_throughput_run(w, b) for w in (8, 16, 24, 32) for b in (32, 64, 128))),
     # PyTorch-examples defaults: lr 0.1 for any batch, drops every 30 epochs.
     Experiment("exp4", "Quality: naive scaling (learning rate unchanged)", "thesis 5.4, Table 10", "quality",
-               tuple(_q(w, lr_scaling="none", milestones=(30, 60)) for w in (1, 2, 16, 24, 32))),
+               tuple(_quality_run(w, lr_scaling="none", milestones=(30, 60)) for w in (1, 2, 16, 24, 32))),
     Experiment("exp5", "Quality: linear scaling rule, no warmup", "thesis 5.5, Table 11", "quality",
-               tuple(_q(w) for w in (1, 32))),
+               tuple(_quality_run(w) for w in (1, 32))),
     Experiment("exp6", "Quality: linear scaling + 5-epoch stepping warmup", "thesis 5.6, Table 12", "quality",
-               (_q(1),) + tuple(_q(w, warmup="stepping") for w in (8, 16, 24, 32))),
+               (_quality_run(1),) + tuple(_quality_run(w, warmup="stepping") for w in (8, 16, 24, 32))),
     Experiment("exp7", "Quality: per-worker batch 32 on 32 GPUs", "thesis 5.7, Table 13", "quality",
-               (_q(32, warmup="stepping", per_worker_batch=32),)),
+               (_quality_run(32, warmup="stepping", per_worker_batch=32),)),
     Experiment("exp8", "Quality: linear scaling + 5-epoch gradual warmup", "thesis 5.8, Table 14", "quality",
-               (_q(1),) + tuple(_q(w, warmup="gradual") for w in (16, 24, 32))),
+               (_quality_run(1),) + tuple(_quality_run(w, warmup="gradual") for w in (16, 24, 32))),
     Experiment("exp9", "Quality: linear scaling + 10-epoch gradual warmup", "thesis 5.9, Table 15", "quality",
-               tuple(_q(w, warmup="gradual", warmup_epochs=10) for w in (24, 32))),
+               tuple(_quality_run(w, warmup="gradual", warmup_epochs=10) for w in (24, 32))),
 ]}
 
 
-def runs(name: str, profile: str) -> list[Run]:
+def runs(name: str, profile: str) -> list[PlannedRun]:
     """The runs of experiment ``name`` at ``profile`` scale."""
     if name not in EXPERIMENTS:
         raise GuideError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)} "
@@ -130,11 +135,11 @@ def runs(name: str, profile: str) -> list[Run]:
                     workers = 2
                 if workers == 1:
                     settings["dist"] = "none"
-        out.append(Run(label, workers, settings))
+        out.append(PlannedRun(label, workers, settings))
     return out
 
 
-def launch_command(name: str, run: Run, profile: str, index: int) -> str:
+def launch_command(name: str, run: PlannedRun, profile: str, index: int) -> str:
     """How to start one run: the engine's command on a laptop, a submission on the cluster.
 
     A multi-worker cluster run asks ``submit.sh`` for ``--workers=N``: the site profile
@@ -161,7 +166,7 @@ def launch_command(name: str, run: Run, profile: str, index: int) -> str:
             + " ".join(_flags(run)))
 
 
-def _flags(run: Run, keep_dist: bool = False) -> list[str]:
+def _flags(run: PlannedRun, keep_dist: bool = False) -> list[str]:
     # On the cluster the sbatch script chooses the launcher and --dist, the site the loaders.
     flags = train_flags(run.settings, skip={"loader_workers"} | (set() if keep_dist else {"dist"}))
     return [shlex.quote(f) for f in flags]  # printed as a shell command
@@ -178,7 +183,7 @@ def train_flags(settings: dict[str, Any], skip: set[str] = frozenset()) -> list[
     return out
 
 
-def plan(name: str, profile: str, index: int | None = None) -> list[tuple[int, Run, str]]:
+def plan(name: str, profile: str, index: int | None = None) -> list[tuple[int, PlannedRun, str]]:
     all_runs = runs(name, profile)
     if index is not None and not 0 <= index < len(all_runs):
         raise GuideError(f"--index {index} is out of range: {name} has runs 0 to {len(all_runs) - 1}")
@@ -186,7 +191,7 @@ def plan(name: str, profile: str, index: int | None = None) -> list[tuple[int, R
     return [(i, all_runs[i], launch_command(name, all_runs[i], profile, i)) for i in chosen]
 
 
-def describe(run: Run, profile: str) -> str:
+def describe(run: PlannedRun, profile: str) -> str:
     """One line of what a run trains: model, data, workers x batch, learning rate, warmup, epochs."""
     from ..scaling import scaled_lr
 
@@ -218,7 +223,7 @@ def _world_size() -> int:
 
 
 def execute(name: str, profile: str, index: int | None = None, **overrides: Any) -> list:
-    """Run the chosen runs through the engine; each writes its run record."""
+    """PlannedRun the chosen runs through the engine; each writes its run record."""
     from ..engine import train
 
     results = []
@@ -236,7 +241,7 @@ def execute(name: str, profile: str, index: int | None = None, **overrides: Any)
 
 def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = "results",
            launcher: str | None = None):
-    """Run one run of ``name`` on this machine with as many processes as it needs; its record path.
+    """PlannedRun one run of ``name`` on this machine with as many processes as it needs; its record path.
 
     One-worker runs train in this process; multi-worker runs start their workers with
     ``launcher`` (default: ``horovodrun`` for Horovod runs, ``torchrun`` for DDP runs), each
