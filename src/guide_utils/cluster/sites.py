@@ -104,7 +104,7 @@ def check_against_cluster(site: Site, n: int) -> None:
     if not shutil.which("sinfo"):
         raise GuideError("sinfo not found: Slurm-launched engines need a Slurm login or compute node; "
                          "on this machine use engines='mpi'")
-    cmd = ["sinfo", "-h", "-o", "%R %D"]
+    cmd = ["sinfo", "-h", "-o", "%P %D"]  # %P marks the default partition with a *
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise GuideError(f"sinfo failed ({out.stderr.strip() or out.returncode}); is Slurm reachable from here?")
