@@ -271,7 +271,7 @@ class EngineCluster:
         cluster = res.cluster = ipp.Cluster(
             engines=self.engines, cluster_id=res.cluster_id, profile_dir=res.profile_dir,
             controller_ip=self.controller_ip, controller_location=self.location or "", engine_timeout=int(self.timeout),
-            delay=0, load_profile=False, log_level=logging.WARNING)
+            delay=0, load_profile=False, log_level=logging.ERROR)
         cluster.start_controller_sync()
         endpoint = _controller_endpoint(res.profile_dir, res.cluster_id)
         env = _engine_environment(self.engines)
@@ -397,32 +397,53 @@ def _results(ar) -> list:
 
 class _Follower:
     """Rank 0's output as it arrives: its [train] lines, a progress bar over the epochs, and
-    (``live``) a figure of its run record redrawn after every epoch."""
+    (``live``, in a notebook) a figure of its run record redrawn after every epoch. In a
+    notebook the bar is one display updated in place (a text bar would add a line per
+    refresh); elsewhere it is tqdm's."""
 
     def __init__(self, cfg: TrainConfig, n: int, live: bool, progress: bool):
         from tqdm import tqdm
 
-        self.seen, self.record = 0, None
-        self.bar = tqdm(total=cfg.epochs, desc=f"{cfg.dist} on {n} engines", unit="epoch", file=sys.stdout,
-                        disable=not progress, ncols=80, mininterval=0)
+        self.seen, self.record, self.done, self.total = 0, None, 0, cfg.epochs
+        self.desc, self.start, self.meter, self.bar = f"{cfg.dist} on {n} engines", time.monotonic(), None, None
+        if progress and live:
+            from IPython.display import display
+
+            self.meter = display({"text/plain": self._meter_text()}, raw=True, display_id=True)
+        elif progress:
+            self.bar = tqdm(total=cfg.epochs, desc=self.desc, unit="epoch", file=sys.stdout, ncols=80, mininterval=0)
         self.plot = _LivePlot(f"{cfg.model} on {cfg.data}, {cfg.dist} x {n} (live)") if live else None
+
+    def _meter_text(self) -> str:
+        from tqdm import tqdm
+
+        return tqdm.format_meter(self.done, self.total, time.monotonic() - self.start, ncols=80, prefix=self.desc,
+                                 unit="epoch")
 
     def feed(self, text: str) -> None:
         cut = text.rfind("\n") + 1
         for line in text[self.seen:cut].splitlines():
             if not line.startswith("[train]"):
                 continue  # only the engine's own compact lines: Jupyter limits output rates
-            self.bar.write(line, file=sys.stdout)
+            self.bar.write(line, file=sys.stdout) if self.bar else print(line, flush=True)
             if match := RECORD.search(line):
                 self.record = match.group(1)
             if match := EPOCH_LINE.match(line):
-                self.bar.update(int(match.group(1)) - self.bar.n)
-                if self.plot and self.record:
-                    self.plot.update(self.record)
+                self._advance(int(match.group(1)))
         self.seen = max(self.seen, cut)
 
+    def _advance(self, epoch: int) -> None:
+        if self.bar:
+            self.bar.update(epoch - self.bar.n)
+        self.done = epoch
+        if self.meter:
+            self.meter.update({"text/plain": self._meter_text()}, raw=True)
+        if self.plot and self.record:
+            self.plot.update(self.record)
+
     def close(self) -> None:
-        self.bar.close()
+        if self.bar:
+            self.bar.close()
 
 
 class _LivePlot:
