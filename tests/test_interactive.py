@@ -248,6 +248,13 @@ class _Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 return "".join(out), "".join(err), error
 
+    def reply(self, msg_id: str, timeout: float = 120) -> dict:
+        """The shell channel's reply to ``msg_id`` (earlier replies, e.g. kernel_info's, are skipped)."""
+        while True:
+            msg = self.kc.get_shell_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
@@ -272,5 +279,37 @@ def test_a_killed_kernel_leaves_no_job_and_no_engine(on_slurm):
         os.kill(kernel.pid, signal.SIGKILL)
         took = _nothing_left(cluster_id, [job])
         print(f"job {job} and every process of {cluster_id} gone {took:.1f} s after the kernel was killed")
+    finally:
+        kernel.close()
+
+
+def test_an_interrupted_cell_and_a_restarted_kernel_leave_no_engine(tmp_path):
+    """Stopping a training cell (KeyboardInterrupt in the kernel) stops the cluster; so does a
+    kernel restart (the finalizer runs as the kernel exits; the reaper if it is killed first)."""
+    kernel = _Kernel(tmp_path)
+    try:
+        cell = ("from guide_utils.cluster import interactive\nfrom guide_utils.config import make_config\n"
+                "with interactive.EngineCluster(n=2) as cluster:\n"
+                "    print('cluster', cluster.cluster_id, flush=True)\n"
+                f"    cluster.train(make_config('smoke', dist='ddp', epochs=100, results_dir={str(tmp_path)!r}))")
+        msg_id = kernel.kc.execute(cell)
+        text, cluster_id = "", None
+        while "[train] epoch 1/" not in text:  # interrupt once it is training
+            msg = kernel.kc.get_iopub_msg(timeout=300)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+        cluster_id = text.split("cluster ", 1)[1].split()[0]
+        kernel.km.interrupt_kernel()
+        reply = kernel.reply(msg_id)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        _nothing_left(cluster_id, [])
+
+        out, err, error = kernel.run("cluster = interactive.EngineCluster(n=2).start()\nprint(cluster.cluster_id)")
+        assert error is None, error
+        cluster_id = out.strip()
+        assert watchdog.processes_of(cluster_id)
+        kernel.km.restart_kernel(now=False)
+        took = _nothing_left(cluster_id, [])
+        print(f"every process of {cluster_id} gone {took:.1f} s after the restart")
     finally:
         kernel.close()
