@@ -173,6 +173,7 @@ def test_slurm_engines_train_one_epoch_and_leave_nothing(on_slurm):
     assert result.run.summary["ranks_agree"] and result.workers == 2
     assert result.run.environment["slurm"]["job_id"] == int(job)  # trained inside the engines' job
     assert "== ipyparallel engines: job" in cluster.log_path.read_text()
+    assert cluster.log_path.with_name(f"ipengine-{cluster_id}.sbatch").is_file()  # what was submitted, beside it
     _nothing_left(cluster_id, [job])
 
 

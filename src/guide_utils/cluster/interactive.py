@@ -285,8 +285,10 @@ class EngineCluster:
             log = self._log_dir() / f"ipengine-{res.cluster_id}-%j.out"
             script = engines_batch_script(self.site, self.n, walltime=self.walltime, log=str(log),
                                           controller=endpoint, watch=self.watch)
+            # the script beside its log (ipyparallel would write it to the current folder)
             cluster.start_engines_sync(self.n, environment=env, engine_cmd=["python", "-m", "ipyparallel.engine"],
-                                       engine_args=["--mpi", *beats], batch_template=script)
+                                       engine_args=["--mpi", *beats], batch_template=script,
+                                       batch_file_name=str(self._log_dir() / f"ipengine-{res.cluster_id}.sbatch"))
             self.job_id = str(cluster.engine_set.job_id)
             self.log_path = Path(str(log).replace("%j", self.job_id))
             res.jobs.append(self.job_id)
@@ -325,7 +327,11 @@ class EngineCluster:
         lines = tail.strip().splitlines()[-15:] or ["(empty: the job has not started)"]
         print(f"--- the last lines of {log}:\n" + "\n".join(lines), flush=True)
         hint = ""
-        if self.engines == "slurm" and self.controller_ip.startswith("127."):
+        from .slurm import SlurmJob
+
+        job = SlurmJob.from_env()
+        elsewhere = self.engines == "slurm" or (job is not None and job.num_nodes > 1)
+        if elsewhere and self.controller_ip.startswith("127."):
             hint = f"; engines on other nodes cannot reach {self.controller_ip}: pass controller_ip='0.0.0.0'"
         return GuideError(f"{up} of the {self.n} {where} {reason}; see {log} (above), the controller address "
                           f"{self.controller_ip}{hint}, and raise timeout= if the queue is slow")
@@ -359,7 +365,7 @@ class EngineCluster:
         client = self._res.client
         rendezvous = None
         if cfg.dist == "ddp":  # rank 0's host, as torchrun's --standalone / the Slurm path choose
-            host = LOOPBACK if self.engines == "mpi" else self._hosts[0]
+            host = LOOPBACK if self.engines == "mpi" and len(set(self._hosts)) == 1 else self._hosts[0]
             rendezvous = (host, client[self._ranks[0]].apply_sync(_free_port, host))
         ar = client[self._ranks].apply_async(_run_on_engine, cfg, rendezvous)
         follower = _Follower(cfg, self.n, _in_notebook() if live is None else live, progress)
