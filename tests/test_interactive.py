@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ GONE_WITHIN = 60
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 slurm = pytest.mark.slurm
+mpi = pytest.mark.skipif(shutil.which("mpiexec") is None,
+                         reason="mpiexec not found: sudo apt-get install -y openmpi-bin libopenmpi-dev")
 
 
 def _smoke(tmp_path: Path, dist: str, **kw):
@@ -117,6 +120,7 @@ def test_the_controller_watch_cancels_its_job_when_the_controller_is_gone(tmp_pa
 
 # -- MPI engines on this node -------------------------------------------------------------
 
+@mpi
 def test_interactive_digest_equals_the_batch_digest(tmp_path):
     """The same seed and flags: 2 MPI engines (Horovod, then DDP on the same engines) end
     with the weights of `mpirun -np 2 python -m guide_utils.train` (Horovod)."""
@@ -284,6 +288,7 @@ def test_a_killed_kernel_leaves_no_job_and_no_engine(on_slurm):
         kernel.close()
 
 
+@mpi
 def test_an_interrupted_cell_and_a_restarted_kernel_leave_no_engine(tmp_path):
     """Stopping a training cell (KeyboardInterrupt in the kernel) stops the cluster; so does a
     kernel restart (the finalizer runs as the kernel exits; the reaper if it is killed first)."""
