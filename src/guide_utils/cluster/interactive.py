@@ -339,7 +339,7 @@ class EngineCluster:
     def _identify(self, res: _Resources) -> None:
         ids = sorted(res.client.ids)[: self.n]
         info = res.client[ids].apply_sync(_whoami)
-        ranks = sorted(zip(ids, info), key=lambda pair: pair[1][0])
+        ranks = sorted(zip(ids, info, strict=True), key=lambda pair: pair[1][0])
         sizes = {size for _, (_, size, _) in ranks}
         if sizes != {self.n}:
             raise GuideError(f"the {self.n} engines are not one MPI world (sizes {sorted(sizes)}): their launcher "
