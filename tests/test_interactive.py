@@ -191,6 +191,29 @@ def test_slurm_engines_are_gone_after_an_exception(on_slurm):
 
 
 @slurm
+def test_the_job_cancels_itself_when_its_controller_dies(on_slurm):
+    """The last line of defence (the notebook's whole node gone, reaper included): the watch
+    in the engines' batch script cancels the job once the controller stops answering."""
+    import psutil
+
+    cluster = interactive.EngineCluster(n=2, engines="slurm", site="ci", watch=(2.0, 3)).start()
+    try:
+        job, res = cluster.job_id, cluster._res
+        res.reaper.kill()  # the notebook's node is gone: its reaper with it,
+        controller = psutil.Process(res.cluster.controller.process.pid)
+        for proc in [controller, *controller.children(recursive=True)]:  # and the controller's processes
+            proc.kill()
+        start = time.monotonic()
+        while interactive.job_state(job) and time.monotonic() - start < GONE_WITHIN:
+            time.sleep(0.5)
+        assert interactive.job_state(job) is None, f"job {job} still {interactive.job_state(job)}"
+        assert "is gone: cancelling job" in cluster.log_path.read_text()
+    finally:
+        cluster.stop()
+    _nothing_left(cluster.cluster_id, [job])
+
+
+@slurm
 def test_engines_not_up_in_time_name_the_job_and_show_its_log(on_slurm, capsys):
     cluster = interactive.EngineCluster(n=2, engines="slurm", site="ci", timeout=1)
     with pytest.raises(GuideError) as exc:

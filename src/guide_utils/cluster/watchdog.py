@@ -15,6 +15,8 @@ do not die with the kernel cover that case:
   batch job. When the controller stops accepting connections ``misses`` checks in a row
   (``interval`` seconds apart), it cancels its own job: the allocation is given back even if
   the notebook's whole machine went away. Bound: ``interval x misses`` (15 s by default).
+  (It checks the port, so it fires when every controller process is gone: the controller's
+  scheduler processes inherit the listening socket and keep it open while any of them lives.)
 """
 
 from __future__ import annotations
