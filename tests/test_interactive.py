@@ -37,6 +37,14 @@ mpi = pytest.mark.skipif(shutil.which("mpiexec") is None,
                          reason="mpiexec not found: sudo apt-get install -y openmpi-bin libopenmpi-dev")
 
 
+@pytest.fixture(autouse=True)
+def _yielding_mpi(monkeypatch):
+    """Two MPI ranks (each with Horovod's background thread) on two shared cores: OpenMPI's
+    busy polling starves the other rank, and a 2-engine run took twice as long. Yielding
+    while idle changes no number; engines, mpirun and Slurm jobs all inherit it."""
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "1")
+
+
 def _smoke(tmp_path: Path, dist: str, **kw):
     return make_config("smoke", dist=dist, epochs=1, results_dir=str(tmp_path / "results" / dist), **kw)
 
