@@ -274,7 +274,7 @@ class EngineCluster:
             delay=0, load_profile=False, log_level=logging.ERROR)
         cluster.start_controller_sync()
         endpoint = _controller_endpoint(res.profile_dir, res.cluster_id)
-        env = _engine_environment(self.engines)
+        env = _engine_environment(self.engines, self.n)
         beats = [f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}"]
         if self.engines == "mpi":
             cluster.start_engines_sync(self.n, environment=env, engine_args=beats,
@@ -499,15 +499,20 @@ def _controller_endpoint(profile_dir: str, cluster_id: str, timeout: float = 30)
     return host, int(info["registration"])
 
 
-def _engine_environment(engines: str) -> dict[str, str]:
+def _engine_environment(engines: str, n: int) -> dict[str, str]:
     """What the engines need besides the notebook's own environment: this guide_utils on
-    their path and, on this node, the batch path's settings (launch.environment)."""
+    their path and, on this node, the batch path's settings (launch.environment). When the
+    engines have no core to spare (the kernel and the controller share the node with them),
+    OpenMPI yields while it waits instead of spinning: changes no number, and on two cores
+    halved the time of a 2-engine Horovod run."""
     env = {"PYTHONPATH": watchdog._pythonpath(), "PYTHONUNBUFFERED": "1"}
     if engines == "mpi":
         from .launch import environment
 
         full = environment()
         env.update({k: v for k, v in full.items() if os.environ.get(k) != v})
+        if n >= (os.cpu_count() or 1):
+            env.setdefault("OMPI_MCA_mpi_yield_when_idle", os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1"))
     return env
 
 
