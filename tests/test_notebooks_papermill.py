@@ -27,6 +27,9 @@ EXPECTED = {
     "05_linear_scaling_rule": ["32 worker(s) x 128 = global batch 4096; lr 1.6 (linear rule), no warmup"],
     "06_learning_rate_warmup": ["8 worker(s) x 128 = global batch 1024; lr 0.4 (linear rule), stepping warmup 5 epochs"],
     "07_per_worker_batch_size": ["32 worker(s) x 32 = global batch 1024; lr 0.4 (linear rule), stepping warmup 5"],
+    # engines as a Slurm job: 8 of them, one per GPU, with the batch script the site profile gives
+    "09_interactive_ipyparallel": ['EngineCluster(n=8, engines="slurm")', "resnet50 on synthetic; 8 worker(s) x 128 "
+                                   "= global batch 1024; lr 0.4 (linear rule)", "#SBATCH --ntasks=8", "guide_software"],
 }
 
 

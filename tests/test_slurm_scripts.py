@@ -22,7 +22,7 @@ def test_the_examples_mirror_the_notebooks():
     assert [p.stem for p in SCRIPTS] == ["01_single_gpu_baseline", "02_single_node_data_parallel",
                                          "03_multi_node_horovod", "04_naive_scaling", "05_linear_scaling_rule",
                                          "06_learning_rate_warmup", "07_per_worker_batch_size", "08_tensorflow_horovod",
-                                         "08_tensorflow_native"]
+                                         "08_tensorflow_native", "09_notebook_batch"]
 
 
 def test_shellcheck_is_clean():
@@ -44,7 +44,9 @@ def test_every_script_follows_the_conventions(script):
         "must call guide_setup FRAMEWORK DIST once (site profile, configuration, the doctor for this job, staging)"
     assert f"#SBATCH --job-name={script.stem}" in text
     srun_lines = [line for line in text.splitlines() if line.strip().startswith("srun ")]
-    assert srun_lines or "horovodrun" in text, "every script launches with srun (or a launcher that ends all on a failure)"
+    launchers = [line for line in text.splitlines() if not line.startswith("#")
+                 and re.search(r"\b(horovodrun|papermill)\b", line)]
+    assert srun_lines or launchers, "every script launches with srun (or a launcher that ends all on a failure)"
     assert all("--kill-on-bad-exit=1" in line for line in srun_lines), srun_lines
     assert not re.search(r"--(account|partition|gres|gpus-per-node)=", text), "site values belong in the profile"
 

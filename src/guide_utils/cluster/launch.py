@@ -33,21 +33,27 @@ BIN = Path(sys.executable).parent
 
 def started_by(env: Mapping[str, str] | None = None) -> str | None:
     """Which launcher started this process: ``horovodrun``, ``mpirun`` (any MPI process
-    manager, srun with an MPI plugin included), ``torchrun``, ``srun`` (a task of an srun
-    step without MPI), or None (a plain process, or the batch script itself).
+    manager, srun with an MPI plugin included), ``torchrun`` (or whoever set torch.distributed's
+    RANK and WORLD_SIZE the way it does), ``srun`` (a task of an srun step without MPI), or
+    None (a plain process, or the batch script itself).
 
     >>> started_by({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) is None  # the batch script
     True
     >>> started_by({"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "PMIX_RANK": "1"})
     'mpirun'
+    >>> started_by({"OMPI_COMM_WORLD_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"})  # an MPI engine running DDP
+    'torchrun'
     """
     env = os.environ if env is None else env
     if "HOROVOD_RANK" in env:
         return "horovodrun"
-    if any(v in env for v in MPI_RANK_VARS):
-        return "mpirun"
+    # Before MPI's variables: processes that torchrun started under mpirun or srun --mpi
+    # inherit those too, and so do ipyparallel's MPI engines, which get torchrun's
+    # variables for a DDP run (guide_utils.cluster.interactive).
     if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
         return "torchrun"
+    if any(v in env for v in MPI_RANK_VARS):
+        return "mpirun"
     if "SLURM_STEP_ID" in env:
         return "srun"
     return None
