@@ -18,9 +18,9 @@ book: setup
 	$(VENV)/bin/python scripts/book.py
 
 # The whole suite: unit, doctests, multi-process, real Slurm jobs, the book build (each
-# notebook executed once). The slowest tests are listed at the end.
+# notebook executed once). The slowest tests, by wall and by CPU time, are listed at the end.
 test: setup
-	$(VENV)/bin/python -m pytest tests src --doctest-modules -p no:cacheprovider --durations=25
+	$(VENV)/bin/python -m pytest tests src --doctest-modules -p no:cacheprovider --durations=25 --cpu-durations=25
 
 # Pin every installed distribution after a change to requirements.txt (then commit the lock).
 lock:

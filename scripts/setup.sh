@@ -23,6 +23,8 @@ APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make shellcheck slurm-wlm mun
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+# set -e ends the script silently; say which command failed instead.
+trap 'printf "[setup] error: line %s failed: %s\n" "$LINENO" "$BASH_COMMAND" >&2' ERR
 
 # --- Debian packages ---------------------------------------------------------------
 missing=()
@@ -116,7 +118,8 @@ else
     key=$(printf '%s\n' "$HOROVOD_VERSION" "$torch_tf" "$("$VENV/bin/python" -V)" "$flags" \
           "$(cat scripts/horovod/* | sha256sum)" "$(mpicc --showme:version 2>/dev/null || true)" | sha256sum | cut -c1-16)
     wheels="${GUIDE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/guide_utils}/wheels/horovod-$key"
-    wheel=$(find "$wheels" -name 'horovod-*.whl' 2>/dev/null | head -n 1)
+    # No cache yet on a fresh machine: find fails, which is not an error here.
+    wheel=$(find "$wheels" -name 'horovod-*.whl' 2>/dev/null | head -n 1 || true)
     if [[ -n "$wheel" ]] && "${pip[@]}" install --no-deps -q "$wheel" >"$log" 2>&1 && horovod_ok; then
         say "Horovod $HOROVOD_VERSION installed from the wheel built earlier ($wheel)"
     else
