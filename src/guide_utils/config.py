@@ -60,6 +60,9 @@ class TrainConfig:
     keep_checkpoints: int = 3
     throughput_warmup_iters: int = 10
     progress: bool = True
+    # Print no line per epoch (and not the opening line with the record's path): notebooks
+    # train quietly and print one table from the run records instead.
+    quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # free-form labels recorded with the run
 
     def validate(self) -> "TrainConfig":
@@ -83,6 +86,8 @@ class TrainConfig:
                              f"{min(self.milestones)}: the learning-rate drop would happen during warmup")
         if self.warmup_start_batch is not None and self.warmup_start_batch <= 0:
             raise GuideError(f"--warmup-start-batch must be positive, got {self.warmup_start_batch}")
+        if not isinstance(self.quiet, bool):
+            raise GuideError(f"quiet must be True or False, got {self.quiet!r}")
         if self.image_size < 8:
             raise GuideError(f"--image-size must be at least 8, got {self.image_size}")
         return self

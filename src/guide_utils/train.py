@@ -94,6 +94,8 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--checkpoint-dir", help="save every epoch and on SIGTERM/SIGUSR1; resume from the newest")
     g.add_argument("--keep-checkpoints", type=int, help=_defaults("keep_checkpoints"))
     g.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
+    g.add_argument("--quiet", action="store_const", const=True,
+                   help="no line per epoch; the run record still has every epoch")
     return p
 
 
