@@ -27,7 +27,8 @@ def make_image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog"),
 def built_book(tmp_path_factory) -> Path:
     """The whole book, built once per session exactly as `make book` builds it (every notebook
     executed once), into a temporary directory; its ``_build`` folder. Every test that needs
-    an executed notebook reads it from ``_build/jupyter_execute``: no notebook runs twice."""
+    an executed notebook reads it from the build's execution cache (``test_book.executed``),
+    and the HTML from ``_build/html``: no notebook runs twice."""
     out = tmp_path_factory.mktemp("book")
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "book.py"), "--path-output", str(out)],
                           capture_output=True, text=True, timeout=1800)
