@@ -82,3 +82,53 @@ def test_the_plain_text_pattern_catches_what_it_should():
     assert PLAIN_CITATION.search("a short warmup (Goyal et al., 2017) recovers")
     assert PLAIN_CITATION.search("as shown (Sergeev and Del Balso, 2018)")
     assert not PLAIN_CITATION.search("Goyal et al. argued that {cite}`goyal2017`")
+
+
+TERM = re.compile(r"\{term\}`(?:[^`<]*<([^>`]+)>|([^`]+))`")
+
+
+def glossary_entries() -> list[list[str]]:
+    """The glossary's entries, each the list of terms it defines (several lines of terms, then
+    an indented definition)."""
+    text = (REPO / "book" / "glossary.md").read_text(encoding="utf-8")
+    block = text.split("```{glossary}", 1)[1].split("```", 1)[0]
+    entries = []
+    for chunk in re.split(r"\n\s*\n", block.strip("\n")):
+        terms = [line.strip() for line in chunk.splitlines() if line.strip() and not line.startswith(" ")]
+        if terms:
+            entries.append(terms)
+    return entries
+
+
+def test_the_glossary_covers_the_jargon_and_every_entry_is_linked():
+    terms = {t.lower() for entry in glossary_entries() for t in entry}
+    needed = {"papermill", "gloo", "nccl", "pmi", "pmix", "gres", "allreduce", "batchnorm", "top-1 error",
+              "tensor fusion", "cudnn", "munge", "slurmctld", "smoke profile", "full profile"}
+    assert needed <= terms, f"the glossary lacks {sorted(needed - terms)}"
+    linked = {(a or b).strip().lower() for page in toc_pages() if page.name != "glossary.md"
+              for a, b in TERM.findall(prose(page))}
+    assert linked <= terms, f"{{term}} links to terms the glossary lacks: {sorted(linked - terms)}"
+    unlinked = [entry for entry in glossary_entries() if not linked & {t.lower() for t in entry}]
+    assert not unlinked, f"glossary entries no page links to: {unlinked}"
+
+
+def test_the_intros_numbers_are_the_sources():
+    """book/intro.md is prose, not a notebook: its table of source results is checked here."""
+    from guide_utils.results import sources
+    from guide_utils.scaling import speedup
+
+    intro = (REPO / "book" / "intro.md").read_text(encoding="utf-8")
+    for one, many in ((3, 9), (2, 8)):
+        a = sources.thesis_table(one)["images_per_second"].iloc[0]
+        b = sources.thesis_table(many).query("gpus == 32")["images_per_second"].iloc[0]
+        assert f"{b:.2f} vs {a:.2f} images/s ({speedup(b, a):.1f}x)" in intro
+    naive = sources.thesis_quality(4).set_index("gpus")["top1_acc"]
+    assert f"{naive[32]:.1f} % top-1 vs {naive[1]:.1f} % on 1 GPU" in intro
+    t12 = sources.thesis_quality(6)
+    base = t12.query("baseline").iloc[0]
+    best = t12[(t12["gpus"] == 32) & t12["framework"].str.startswith("Horovod")].iloc[0]
+    assert f"{best.top1_acc:.2f} % top-1 in 6 h 36 min vs {base.top1_acc:.2f} %" in intro
+    assert abs(best.wall_hours - (6 + 36 / 60)) < 1e-3
+    # "No 32-GPU run of the thesis reached the single GPU's accuracy exactly"
+    runs32 = [sources.thesis_quality(e).query("gpus == 32")["top1_acc"].max() for e in range(4, 10)]
+    assert max(runs32) < base.top1_acc and "No 32-GPU run of" in intro
