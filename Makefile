@@ -13,9 +13,12 @@ setup:
 
 # Executes every notebook in _toc.yml at laptop scale (two at a time; unchanged ones come
 # from the execution cache, which is emptied when guide_utils or the pins change), then
-# builds _build/html strictly: any Sphinx warning fails it.
+# builds _build/html strictly: any Sphinx warning fails it. Then reads every page in headless
+# Chromium (errors, unresolved references, broken figures, overflowing code) and saves a
+# screenshot of each in _build/screenshots; without Chromium that step says so and is skipped.
 book: setup
 	$(VENV)/bin/python scripts/book.py
+	$(VENV)/bin/python scripts/browse_book.py _build || [ $$? -eq 3 ]
 
 # The whole suite: unit, doctests, multi-process, real Slurm jobs, the book build (each
 # notebook executed once). The slowest tests, by wall and by CPU time, are listed at the end.

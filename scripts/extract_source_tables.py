@@ -1,7 +1,9 @@
-"""Turn the thesis's result tables 1-15 into the CSV files under src/guide_utils/source_data/.
+"""Turn the thesis's result tables 1-15 into the CSV files under src/guide_utils/results/source_data/.
 
 Run once by hand against the thesis text (shared/seeds/001_*.txt); the CSVs are committed,
-so nothing else depends on the seed file being present. Each table in the text is a caption
+so nothing else depends on the seed file being present. Tables are numbered as the thesis's
+captions number them (Table 10 is experiment 4); its list of tables, and its text from
+experiment 4 on, number the quality tables one higher. Each table in the text is a caption
 line "Table N. ...", a tab-separated header, and tab-separated rows up to the next blank line.
 Columns are renamed to the guide's vocabulary; "16 (4 * 4)" becomes gpus=16, nodes=4;
 "73.286% / 91.558%" becomes top1_acc=73.286, top5_acc=91.558; "0 days 6 hours 34 min" becomes
@@ -17,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "guide_utils" / "source_data"
+OUT = Path(__file__).resolve().parents[1] / "src" / "guide_utils" / "results" / "source_data"
 COLUMNS = {
     "Deep learning framework": "framework",
     "Batch size per GPU": "per_worker_batch",

@@ -17,9 +17,10 @@ PYTHON=${PYTHON:-python3.11}
 HOROVOD_VERSION=0.28.1
 # Debian packages: OpenMPI (mpirun + mpicc/headers for Horovod's MPI controller), CMake
 # < 4 (Horovod's bundled gloo declares an old cmake_minimum_required), a C++ compiler,
-# the ShellCheck linter for the sbatch examples, and Slurm + munge, which the tests start as a
-# two-node cluster on this machine to run every sbatch example.
-APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make shellcheck slurm-wlm munge)
+# the ShellCheck linter for the sbatch examples, Slurm + munge, which the tests start as a
+# two-node cluster on this machine to run every sbatch example, and Chromium with its
+# WebDriver, in which the tests and `make book` read every page of the built book.
+APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make shellcheck slurm-wlm munge chromium chromium-driver)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }

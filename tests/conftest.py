@@ -67,7 +67,8 @@ def pytest_sessionfinish(session, exitstatus):
 def built_book() -> Path:
     """The whole book, built once per session exactly as `make book` builds it (every notebook
     executed once), in a temporary directory; its ``_build`` folder. Every test that needs
-    an executed notebook reads it from ``_build/jupyter_execute``: no notebook runs twice."""
+    an executed notebook reads it from the build's execution cache (``test_book.executed``),
+    and the HTML from ``_build/html``: no notebook runs twice."""
     if not _BOOK:
         pytest.fail("the book build did not start (no collected test asked for built_book)")
     try:

@@ -85,6 +85,26 @@ def test_a_monitored_run_records_utilisation_over_time(tmp_path):
     import threading
 
     assert not [t for t in threading.enumerate() if t.name == "guide-monitor"], "the sampler must stop with the run"
+@pytest.mark.slow
+def test_a_quiet_run_prints_nothing_and_records_every_epoch(tmp_path, capsys):
+    """What notebooks use: no line per epoch (and no record path) in the output; the record is
+    complete, so a table printed from it afterwards says everything."""
+    from guide_utils.config import make_config
+    from guide_utils.engine import train
+
+    train(make_config("smoke", epochs=2, mnist1d_samples=400, results_dir=str(tmp_path), progress=False,
+                      quiet=True))
+    out = capsys.readouterr()
+    assert "[train]" not in out.out + out.err and str(tmp_path) not in out.out + out.err
+    assert [r["epoch"] for r in _records(tmp_path) if r["type"] == "epoch"] == [1, 2]
+
+
+def test_quiet_must_be_a_bool():
+    from guide_utils.config import make_config
+    from guide_utils.errors import GuideError
+
+    with pytest.raises(GuideError, match="quiet"):
+        make_config("smoke", quiet="yes").validate()
 
 
 def test_gradual_warmup_starts_at_the_warmup_start_batch_rate(tmp_path):

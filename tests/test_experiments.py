@@ -100,6 +100,18 @@ def test_running_a_smoke_experiment_writes_one_record_per_run(tmp_path):
     assert by_batch == pytest.approx({32: 0.05, 256: 0.4, 512: 0.8, 768: 1.2, 1024: 1.6})
 
 
+@pytest.mark.parametrize("name, profile", [("exp2", "smoke"), ("exp6", "smoke"), ("exp9", "full")])
+def test_the_compact_plan_is_one_short_line_per_run(name, profile, capsys):
+    """What a notebook shows: no commands, no paths, lines that fit a book's column."""
+    from guide_utils.studies.experiments import print_plan
+
+    print_plan(name, profile, commands=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(runs(name, profile)) + 5
+    assert max(map(len, lines)) <= 100 and not any("$ " in line or "/" in line for line in lines)
+    assert lines[0].startswith(f"{name}: ") and EXPERIMENTS[name].source in lines[1]
+
+
 def test_describe_names_what_each_full_run_trains():
     from guide_utils.studies.experiments import describe
 

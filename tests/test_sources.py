@@ -51,6 +51,9 @@ def test_other_sources_headlines():
     o = sources.other_sources()
     summit = o[(o["bibkey"] == "summit") & (o["quantity"] == "scaling efficiency")].iloc[0]
     assert summit["value"] == "87"
+    assert "baseline examples" in summit["context"]  # the abstract's words, not "after tuning"
+    aris = " ".join(o.loc[o["bibkey"] == "aris", "context"])
+    assert "in a few easy steps" in aris and "linear" not in aris  # the abstract names no method
 
 
 @pytest.mark.parametrize("call", [lambda: sources.thesis_table(16), lambda: sources.thesis_quality(3),

@@ -64,6 +64,22 @@ def test_recorded_sweep_shows_what_the_book_says():
     assert mean[(32, "linear+warmup")] > base["mean"] + base["std"]  # but not fully at k = 32
 
 
+def test_the_recorded_curves_are_the_sweeps_runs():
+    """Chapter 5 shows the k = 32 runs without warmup epoch by epoch: their records must end
+    exactly where the recorded sweep says those runs ended, seed by seed."""
+    table = sweep.recorded().set_index(["k", "method", "seed"])
+    curves = sweep.recorded_curves("linear", 32)
+    assert [r.config["seed"] for r in curves] == list(sweep.SEEDS)
+    for r in curves:
+        row = table.loc[(32, "linear", r.config["seed"])]
+        errs = r.epochs["val_top1_err"]
+        assert len(errs) == r.config["epochs"] == sweep.SETTINGS["epochs"]
+        assert round(errs.min(), 3) == row["best_val_top1_err"] and round(errs.iloc[-1], 3) == row["final_val_top1_err"]
+        assert r.config["peak_lr"] == row["peak_lr"] and r.config["global_batch"] == row["global_batch"]
+    with pytest.raises(GuideError, match="no recorded curves"):
+        sweep.recorded_curves("naive", 4)
+
+
 def test_cli_writes_a_sweep_csv_and_refuses_to_overwrite(tmp_path):
     out = tmp_path / "s.csv"
     args = ["run", "--ks", "32", "--seeds", "0", "--methods", "naive", "--results-dir", str(tmp_path / "r"),

@@ -64,6 +64,9 @@ class TrainConfig:
     throughput_warmup_iters: int = 10
     progress: bool = True
     monitor: float | None = None  # seconds between utilisation samples in the record; None: off
+    # Print no line per epoch (and not the opening line with the record's path): notebooks
+    # train quietly and print one table from the run records instead.
+    quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # free-form labels recorded with the run
 
     def validate(self) -> "TrainConfig":
@@ -97,6 +100,8 @@ class TrainConfig:
             raise GuideError("--momentum and --weight-decay must not be negative")
         if any(m <= 0 for m in self.milestones) or list(self.milestones) != sorted(set(self.milestones)):
             raise GuideError(f"--milestones must be positive and increasing, got {' '.join(map(str, self.milestones))}")
+        if not isinstance(self.quiet, bool):
+            raise GuideError(f"quiet must be True or False, got {self.quiet!r}")
         if self.image_size < 8:
             raise GuideError(f"--image-size must be at least 8, got {self.image_size}")
         return self

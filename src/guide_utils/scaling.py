@@ -64,7 +64,8 @@ def efficiency(throughput: float, baseline_throughput: float, workers: int) -> f
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ILSVRC 2012 training set, the thesis's dataset
 
 
-def training_hours(images_per_second: float, *, epochs: int = 90, images_per_epoch: int = IMAGENET_TRAIN_IMAGES) -> float:
+def training_hours(images_per_second: float, *, epochs: int = 90,
+                   images_per_epoch: int = IMAGENET_TRAIN_IMAGES) -> float:
     """Wall-clock hours to see ``epochs`` passes at a steady ``images_per_second``.
 
     A lower bound: validation, start-up and slow first batches come on top (the thesis's

@@ -47,7 +47,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--profile", choices=sorted(PROFILES), default="full",
                    help="settings every other flag starts from (default: full)")
     g = p.add_argument_group("model and data")
-    g.add_argument("--model", help="torchvision name (e.g. resnet50), small_resnet or mnist1d_cnn " + _defaults("model"))
+    g.add_argument("--model", help="torchvision name (e.g. resnet50), small_resnet or mnist1d_cnn "
+                   + _defaults("model"))
     g.add_argument("--data", help="synthetic (random ImageNet-shaped tensors), mnist1d (generated offline), "
                                   "digits (scikit-learn's 8x8 images), or a directory with train/ and val/ "
                                   "class folders " + _defaults("data"))
@@ -82,10 +83,12 @@ def build_parser() -> ArgumentParser:
     g = p.add_argument_group("distribution and input pipeline")
     g.add_argument("--dist", choices=["none", "horovod", "ddp"],
                    help="horovod: start with horovodrun/mpirun/srun; ddp: torchrun or srun " + _defaults("dist"))
-    g.add_argument("--loader-workers", type=int, help="DataLoader worker processes per rank " + _defaults("loader_workers"))
+    g.add_argument("--loader-workers", type=int, help="DataLoader worker processes per rank "
+                   + _defaults("loader_workers"))
     g = p.add_argument_group("performance switches (off by default where they change numerics)")
     g.add_argument("--amp", choices=["none", "bf16", "fp16"], help="mixed precision autocast " + _defaults("amp"))
-    g.add_argument("--channels-last", action="store_const", const=True, help="NHWC memory layout (faster convs on GPUs)")
+    g.add_argument("--channels-last", action="store_const", const=True,
+                   help="NHWC memory layout (faster convs on GPUs)")
     g.add_argument("--compile", action="store_const", const=True, help="torch.compile the model")
     g.add_argument("--fp16-allreduce", action="store_const", const=True,
                    help="Horovod: compress gradients to fp16 for the allreduce")
@@ -99,6 +102,8 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--checkpoint-dir", help="save every epoch and on SIGTERM/SIGUSR1; resume from the newest")
     g.add_argument("--keep-checkpoints", type=int, help=_defaults("keep_checkpoints"))
     g.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
+    g.add_argument("--quiet", action="store_const", const=True,
+                   help="no line per epoch; the run record still has every epoch")
     return p
 
 

@@ -96,7 +96,8 @@ class Job:
     def __post_init__(self):
         if self.framework is not None and self.framework not in FRAMEWORKS:
             raise GuideError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
-        allowed = DISTS[self.framework or "pytorch"] if self.framework else sorted({*DISTS["pytorch"], *DISTS["tensorflow"]})
+        allowed = (DISTS[self.framework or "pytorch"] if self.framework
+                   else sorted({*DISTS["pytorch"], *DISTS["tensorflow"]}))
         if self.dist is not None and self.dist not in allowed:
             raise GuideError(f"--dist {self.dist} does not go with --framework {self.framework or 'pytorch'}; "
                              f"choose from {', '.join(allowed)}")
@@ -276,8 +277,9 @@ def _horovod_findings(facts: Facts) -> tuple[list[str], list[str]]:
     for framework in job.frameworks:
         name, _ = _HOROVOD_BINDINGS[framework]
         if not hvd["frameworks"].get(name):
+            other = no_horovod if framework == "pytorch" else "--dist mwms"
             message = (f"Horovod was built without {name} support; rebuild it after installing {name} "
-                       f"(HOROVOD_WITH_{name.upper()}=1), or use {no_horovod if framework == 'pytorch' else '--dist mwms'}")
+                       f"(HOROVOD_WITH_{name.upper()}=1), or use {other}")
             # The whole guide needs Horovod for PyTorch; for TensorFlow only chapter 8 does.
             (warnings if job.whole_guide and framework == "tensorflow" else problems).append(message)
     if hvd["horovod"] != EXPECTED["horovod"]:

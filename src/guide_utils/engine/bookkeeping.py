@@ -76,7 +76,9 @@ class RunBook:
         self.recorder = RunRecorder(Path(cfg.results_dir), name,
                                     config=config, environment=environment(), resume=resume and run_name is not None)
         self.run_name = self.recorder.run_name
-        self.say(f"{data}; model {cfg.model}; {plan.describe()} ({cfg.dist}){resuming}; record {self.recorder.path}")
+        if not cfg.quiet:
+            self.say(f"{data}; model {cfg.model}; {plan.describe()} ({cfg.dist}){resuming}; "
+                     f"record {self.recorder.path}")
         if cfg.monitor:
             from .monitor import Monitor
 
@@ -92,10 +94,12 @@ class RunBook:
             print(f"{self.prefix} {text}", flush=True)
 
     def epoch(self, row: dict[str, Any]) -> None:
-        """Record a finished epoch and print it as one line."""
+        """Record a finished epoch and print it as one line (unless ``quiet``)."""
         if not self.recorder:
             return
         self.recorder.epoch(**row)
+        if self.cfg.quiet:
+            return
         rate = row.get("images_per_second")
         ips = f"{rate:.0f} img/s" if rate else "img/s n/a"
         self.say(f"epoch {row['epoch']}/{self.cfg.epochs}  lr {row['lr']:.4g}  loss {row['loss']:.4f}  "

@@ -2,7 +2,9 @@
 
 The CSV files in ``source_data/`` were extracted from the thesis text by
 ``scripts/extract_source_tables.py``; the first line of each names its table, section and
-experiment. Notebooks draw these next to the reader's own run records.
+experiment. Tables carry the numbers of the thesis's captions (Table 10 is experiment 4); the
+thesis's list of tables and its text number the quality tables 10-15 one higher. Notebooks
+draw these next to the reader's own run records.
 
 >>> thesis_table(12).query("gpus == 32")[["lr", "global_batch", "top1_acc"]].values.tolist()[0]
 [1.6, 4096.0, 74.662]

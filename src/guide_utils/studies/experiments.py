@@ -76,7 +76,10 @@ def _throughput_run(workers, per_worker_batch, dist="horovod"):
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("exp1", "Throughput: single-GPU baseline", "thesis 5.1, Appendix 1", "throughput",
                tuple(_throughput_run(1, b) for b in (32, 64, 128))),
-    Experiment("exp2", "Throughput: one node, Horovod vs PyTorch DDP", "thesis 5.2, Appendix 2", "throughput",
+    # The thesis's plain-PyTorch runs of experiment 2 were one process driving every GPU of the
+    # node (the examples script's DataParallel path, Appendix 2); the guide runs DDP instead.
+    Experiment("exp2", "Throughput: one node, Horovod vs PyTorch (thesis: DataParallel; here: DDP)",
+               "thesis 5.2, Appendix 2", "throughput",
                tuple(_throughput_run(w, b, d) for d in ("horovod", "ddp") for w in (2, 4) for b in (32, 64, 128)),
                single_node=True),
     Experiment("exp3", "Throughput: many nodes", "thesis 5.3, Appendix 3", "throughput",
@@ -204,13 +207,45 @@ def describe(run: PlannedRun, profile: str) -> str:
             f"lr {lr:g} ({cfg.lr_scaling} rule), {warm}; {cfg.epochs} epoch(s){steps}")
 
 
-def print_plan(name: str, profile: str, index: int | None = None) -> None:
-    """What ``run`` would do: each run's label, settings and launch command (``--dry-run``)."""
+def print_plan(name: str, profile: str, index: int | None = None, *, commands: bool = True) -> None:
+    """What ``run`` would do. With ``commands`` (``--dry-run``): each run's label, settings and
+    launch command. Without: a short table, one line per run, that a notebook can show."""
     chosen = plan(name, profile, index)  # raises for an unknown name or index
     exp = EXPERIMENTS[name]
+    if not commands:
+        print("\n".join(plan_table(name, profile, chosen)))
+        return
     print(f"{name}: {exp.title} [{exp.source}], profile {profile}, {len(chosen)} run(s)")
     for i, run, command in chosen:
         print(f"[{i}] {run.label}\n    {describe(run, profile)}\n    $ {command}")
+
+
+def plan_table(name: str, profile: str, chosen: list[tuple[int, Run, str]]) -> list[str]:
+    """The lines of a compact plan: the experiment, what its runs share, one row per run."""
+    from ..scaling import scaled_lr
+
+    exp, full = EXPERIMENTS[name], runs(name, "full")
+    cfgs = {i: make_config("smoke" if profile == "smoke" else "full", **run.settings) for i, run, _ in chosen}
+    first = cfgs[chosen[0][0]]
+    steps = f" of {first.max_steps_per_epoch} steps" if first.max_steps_per_epoch else ""
+    quality = exp.kind == "quality"
+    out = [f"{name}: {exp.title}", f"  {exp.source}; profile {profile}, {len(chosen)} run(s)",
+           f"  each run: {first.model} on {first.data}, {first.epochs} epoch(s){steps}",
+           f"  {'run':<5}{'thesis':<15}{'here':<18}{'global batch':>12}"
+           + (f"  {'lr (rule)':<16}warmup" if quality else "")]
+    for i, run, _ in chosen:
+        cfg, thesis = cfgs[i], full[i]
+        gpus = f"{thesis.workers} GPU x {thesis.settings['per_worker_batch']}"
+        here = f"{run.workers} x {cfg.per_worker_batch}" + (f" {cfg.dist}" if run.workers > 1 else "")
+        gbatch = run.workers * cfg.per_worker_batch
+        row = f"  {f'[{i}]':<5}{gpus:<15}{here:<18}{gbatch:>12}"
+        if quality:
+            lr = f"{scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling):g} ({cfg.lr_scaling})"
+            row += f"  {lr:<16}" + (f"{cfg.warmup}, {cfg.warmup_epochs} epochs" if cfg.warmup != "none" else "none")
+        out.append(row)
+    out.append(f"  one run from a shell: python -m guide_utils experiments run {name} --profile {profile} "
+               "--index I")
+    return out
 
 
 def _world_size() -> int:
@@ -240,26 +275,29 @@ def execute(name: str, profile: str, index: int | None = None, **overrides: Any)
 
 
 def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = "results",
-           launcher: str | None = None):
-    """PlannedRun one run of ``name`` on this machine with as many processes as it needs; its record path.
+           launcher: str | None = None, quiet: bool = True):
+    """Run one run of ``name`` on this machine with as many processes as it needs; its record path.
 
     One-worker runs train in this process; multi-worker runs start their workers with
     ``launcher`` (default: ``horovodrun`` for Horovod runs, ``torchrun`` for DDP runs), each
-    worker running ``python -m guide_utils experiments run NAME --index I``.
+    worker running ``python -m guide_utils experiments run NAME --index I``. ``quiet``: print
+    nothing while training (a notebook prints one table from the records afterwards); else
+    rank 0's line per epoch.
     """
     from ..cluster import launch as _launch
     from ..results.records import read_runs
 
     [(i, run, _)] = plan(name, profile, index)
-    if run.workers == 1:  # no progress bar: in a notebook the per-epoch lines say enough
-        return execute(name, profile, index, results_dir=results_dir, progress=False)[0].record_path
+    if run.workers == 1:  # no progress bar in a notebook
+        return execute(name, profile, index, results_dir=results_dir, progress=False, quiet=quiet)[0].record_path
     launcher = launcher or ("torchrun" if run.settings["dist"] == "ddp" else "horovodrun")
     if (launcher == "torchrun") != (run.settings["dist"] == "ddp"):
         raise GuideError(f"{name} run {i} uses --dist {run.settings['dist']}: launch it with "
                          f"{'torchrun' if run.settings['dist'] == 'ddp' else 'horovodrun or mpirun'}")
     before = {r.path for r in read_runs(results_dir)} if Path(results_dir).is_dir() else set()
     _launch.run(launcher, run.workers, "guide_utils",
-                ["experiments", "run", name, "--profile", profile, "--index", str(i), "--results-dir", str(results_dir)])
+                ["experiments", "run", name, "--profile", profile, "--index", str(i),
+                 "--results-dir", str(results_dir)], echo=None if quiet else "[train]")
     new = [r.path for r in read_runs(results_dir) if r.path not in before]
     if len(new) != 1:
         raise GuideError(f"{name} run {i}: expected one new run record in {results_dir}, found {len(new)}")

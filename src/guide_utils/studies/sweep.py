@@ -152,6 +152,26 @@ def recorded():
     return load(resources.files("guide_utils.results") / "recorded" / RECORDED)
 
 
+CURVES = "curves"
+
+
+def recorded_curves(method: str, k: int) -> list:
+    """The run records (every epoch) of the recorded sweep's points ``method`` at ``k``, one per
+    seed, for the few points whose curves the book shows (``recorded/curves/``). They were
+    trained again with the sweep's settings after the sweep itself; a test checks that their
+    best and final errors are the sweep's, so they are the same runs."""
+    from importlib import resources
+
+    from ..results.records import read_runs
+
+    folder = Path(str(resources.files("guide_utils.results") / "recorded" / CURVES))
+    found = [r for r in read_runs(folder) if r.config.get("extra", {}).get("sweep", {}).get("method") == method
+             and r.config["extra"]["sweep"]["k"] == k]
+    if not found:
+        raise GuideError(f"no recorded curves for {method} at k = {k} in {folder}")
+    return sorted(found, key=lambda r: r.config["seed"])
+
+
 def format_summary(summary) -> str:
     """One line per point: mean +- standard deviation (n seeds), for printing under a figure."""
     lines = []

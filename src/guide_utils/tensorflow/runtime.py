@@ -3,10 +3,10 @@ against TensorFlow up to 2.15, the last with Keras 2), and how the workers find 
 Horovod, or TensorFlow's own MultiWorkerMirroredStrategy with the cluster taken from Slurm.
 
 >>> check_versions("2.15.1", "2.15.0")
->>> check_versions("2.16.1", "3.3.3")
+>>> check_versions("2.16.1", "3.3.3")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-guide_utils.errors.GuideError: TensorFlow 2.16.1 with Keras 3.3.3: Horovod 0.28.1 supports Keras 2 only (TensorFlow <= 2.15; 2.16 switched to Keras 3); install tensorflow-cpu==2.15.1 (or tensorflow==2.15.1 on GPUs) and keras==2.15.0, as requirements.txt pins
+guide_utils.errors.GuideError: TensorFlow 2.16.1 with Keras 3.3.3: Horovod 0.28.1 supports Keras 2 only ...
 """
 
 from __future__ import annotations
