@@ -55,7 +55,7 @@ def train(cfg: TrainConfig) -> RunResult:
     cfg.validate()
     if cfg.checkpoint_dir:
         checkpoint.ensure_writable(Path(cfg.checkpoint_dir))  # fail before any work is done
-    dist = distributed.init(cfg.dist)
+    dist = distributed.init(cfg.dist, fusion_threshold_mb=cfg.fusion_threshold_mb, cycle_time_ms=cfg.cycle_time_ms)
     try:
         return _train(cfg, dist)
     finally:
