@@ -6,7 +6,9 @@ built with it) and NCCL (GPUs), and reports what nccl-tests reports (NVIDIA/nccl
 doc/PERFORMANCE.md):
 
 * ``time_s``: seconds per allreduce, the mean of the timed iterations on each rank, then
-  the slowest rank (a collective is done when its last rank is);
+  the slowest rank (a collective is done when its last rank is); ``cpu_s``: the CPU time
+  the process spent per allreduce (all its threads, the kernel's socket work included),
+  which on a machine without a network card of its own is taken from the computation;
 * ``algbw`` = size / time, in GB/s (10^9 bytes per second);
 * ``busbw`` = algbw x 2(n-1)/n for an allreduce: what each rank's link must carry, so that
   it can be compared with the hardware's bandwidth independently of the worker count n.
@@ -234,26 +236,38 @@ def connect(runtime: str) -> _Comm:
     raise GuideError(f"unknown --runtime {runtime!r}; choose from horovod, {', '.join(RUNTIMES)}")
 
 
-def _timed(comm: _Comm, fn: Callable[[], Any], iters: int, warmup: int = 1) -> float:
-    """Mean seconds per call of ``fn`` on this rank after ``warmup`` calls; the slowest rank's."""
+def _cpu_seconds() -> float:
+    """CPU time of this whole process so far (every thread: the framework's communication
+    threads and the kernel's work for its sockets included)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(comm: _Comm, fn: Callable[[], Any], iters: int, warmup: int = 1) -> tuple[float, float]:
+    """Mean wall seconds and CPU seconds per call of ``fn`` after ``warmup`` calls; the
+    slowest rank's of each."""
     for _ in range(warmup):
         fn()
     comm.barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     for _ in range(iters):
         out = fn()
     if comm.device().type == "cuda":
         import torch
 
         torch.cuda.synchronize()
+    wall, cpu = (time.perf_counter() - start) / iters, (_cpu_seconds() - cpu) / iters
     del out
-    return comm.gather_max((time.perf_counter() - start) / iters)
+    return comm.gather_max(wall), comm.gather_max(cpu)
 
 
-def _row(comm: _Comm, kind: str, size_bytes: int, seconds: float, **fields) -> dict[str, Any]:
+def _row(comm: _Comm, kind: str, size_bytes: int, timing: tuple[float, float], **fields) -> dict[str, Any]:
+    seconds, cpu = timing
     a = algbw(size_bytes, seconds)
     return {"kind": kind, "runtime": comm.label, "workers": comm.size, "bytes": size_bytes, "time_s": seconds,
-            "algbw_GBps": a, "busbw_GBps": busbw(a, comm.size), **fields}
+            "algbw_GBps": a, "busbw_GBps": busbw(a, comm.size), "cpu_s": cpu, **fields}
 
 
 def measure_sizes(comm: _Comm, message_sizes: list[int], *, budget_bytes: int = 512 * MIB,
@@ -269,8 +283,8 @@ def measure_sizes(comm: _Comm, message_sizes: list[int], *, budget_bytes: int = 
         name = f"sweep.{s}"
         wrong = comm.gather_max(0.0 if bool(torch.all(comm.allreduce(t, name, fp16) == expected)) else 1.0)
         iters = iterations(s, budget_bytes)
-        seconds = _timed(comm, lambda: comm.allreduce(t, name, fp16), iters, warmup=1 if s >= 16 * MIB else 3)
-        rows.append(_row(comm, "allreduce", s, seconds, dtype="float32", compression="fp16" if fp16 else "none",
+        timing = _timed(comm, lambda: comm.allreduce(t, name, fp16), iters, warmup=1 if s >= 16 * MIB else 3)
+        rows.append(_row(comm, "allreduce", s, timing, dtype="float32", compression="fp16" if fp16 else "none",
                          iters=iters, correct=wrong == 0))
         del t
     return rows
@@ -320,9 +334,8 @@ def measure_gradients(comm: _Comm, shapes: list[tuple[int, ...]], *, model: str 
         if isinstance(comm, _HorovodComm) else {}
     rows = []
     for method in methods:
-        seconds = _timed(comm, run[method], iters)
-        rows.append(_row(comm, "gradients", total, seconds, model=model, tensors=len(grads), method=method,
-                         **knobs))
+        rows.append(_row(comm, "gradients", total, _timed(comm, run[method], iters), model=model,
+                         tensors=len(grads), method=method, **knobs))
     if ddp_buckets_mb and isinstance(comm, _TorchComm):
         rows += measure_ddp_buckets(comm, shapes, ddp_buckets_mb, model=model, iters=iters)
     return rows
@@ -363,16 +376,16 @@ def measure_ddp_buckets(comm: _Comm, shapes, buckets_mb, *, model: str, iters: i
         m.zero_grad(set_to_none=True)
         m(x).sum().backward()
 
-    local = _timed(comm, lambda: step(module), iters)
+    local, local_cpu = _timed(comm, lambda: step(module), iters)
     total = 4 * sum(math.prod(s) for s in shapes)
     rows = []
     for cap in buckets_mb:
         ids = [comm.device().index] if comm.device().type == "cuda" else None
         ddp = DistributedDataParallel(module, device_ids=ids, bucket_cap_mb=cap)
-        seconds = _timed(comm, lambda: step(ddp), iters)
-        exposed = max(seconds - local, 1e-9)
-        rows.append(_row(comm, "gradients", total, exposed, model=model, tensors=len(shapes), method=f"ddp-bucket-{cap:g}MB",
-                         bucket_cap_mb=cap, step_s=seconds, local_step_s=local))
+        seconds, cpu = _timed(comm, lambda: step(ddp), iters)
+        rows.append(_row(comm, "gradients", total, (max(seconds - local, 1e-9), max(cpu - local_cpu, 0.0)),
+                         model=model, tensors=len(shapes), method=f"ddp-bucket-{cap:g}MB", bucket_cap_mb=cap,
+                         step_s=seconds, local_step_s=local))
         del ddp
     return rows
 
@@ -430,21 +443,9 @@ def launch_local(runtime: str, workers: int, worker_args: list[str], *, timeout:
 
 def meta(**fields: Any) -> dict[str, Any]:
     """When, where and with what a measurement ran: the first row of every result."""
-    import platform
+    from .record import provenance
 
-    import torch
-
-    from ..results.plots import hardware_label
-
-    try:
-        import horovod
-
-        hv = horovod.__version__
-    except ImportError:
-        hv = None
-    return {"kind": "meta", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "hardware": hardware_label(), "load_avg_1min": round(os.getloadavg()[0], 2),
-            "python": platform.python_version(), "torch": torch.__version__, "horovod": hv, **fields}
+    return {**provenance(**fields), "kind": "meta"}
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -469,9 +470,12 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         out.append(view[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     grads = t[t["kind"] == "gradients"]
     if not grads.empty:
-        view = grads.assign(time_ms=grads["time_s"] * 1e3)
-        cols = [c for c in ("runtime", "model", "tensors", "method", "fusion_threshold_bytes", "cycle_time_ms",
-                            "time_ms", "busbw_GBps") if c in view]
+        view = grads.assign(time_ms=grads["time_s"] * 1e3, tensors=grads["tensors"].astype(int))
+        if "fusion_threshold_bytes" in view:
+            view["fusion_MiB"] = view["fusion_threshold_bytes"].map(lambda b: "" if b != b else f"{b / MIB:g}")
+            view["cycle_ms"] = view["cycle_time_ms"].map(lambda c: "" if c != c else f"{c:g}")
+        cols = [c for c in ("runtime", "model", "tensors", "method", "fusion_MiB", "cycle_ms", "time_ms", "busbw_GBps")
+                if c in view]
         out.append(view[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return "\n\n".join(out)
 
@@ -481,12 +485,17 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def recorded(name: str = "comms_local.jsonl") -> list[dict[str, Any]]:
-    """The comms benchmark recorded on the guide's CI machine (``scripts/record_perf.py``)."""
-    from importlib import resources
+RECORD_COMMAND = ("python -m guide_utils comms --knobs --fp16 --record "
+                  "src/guide_utils/results/recorded/comms_local.jsonl")
 
-    with (resources.files("guide_utils.results") / "recorded" / name).open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip() and not line.startswith("#")]
+
+def recorded(name: str = "comms_local.jsonl") -> list[dict[str, Any]]:
+    """The comms benchmark recorded on the guide's CI machine (:data:`RECORD_COMMAND`); the
+    first row is its provenance."""
+    from .record import read
+
+    first, rows = read(name)
+    return [first, *rows]
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -521,7 +530,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--fusion-threshold", help="Horovod: HOROVOD_FUSION_THRESHOLD for this run (e.g. 32M; 0: off)")
     p.add_argument("--cycle-time", type=float, help="Horovod: HOROVOD_CYCLE_TIME in ms for this run")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of tables")
+    p.add_argument("--show", metavar="FILE", help="print the tables of a results file (--out) and exit")
     p.add_argument("--out", help="append the JSON lines to this file")
+    p.add_argument("--record", help="write the results to this file, replacing it, with their provenance first "
+                                    "(load before and after, commit, versions)")
     return p
 
 
@@ -618,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..cluster.launch import started_by
 
     args = build_parser().parse_args(argv)
+    if args.show:
+        print(format_rows(read_rows(args.show)))
+        return 0
     _check(args)
     message_sizes = sizes(parse_bytes(args.min_bytes, "--min-bytes"), parse_bytes(args.max_bytes, "--max-bytes"),
                           args.factor)
@@ -626,6 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_worker(args, message_sizes) if started_by() else run_local(args, message_sizes)
     if not rows:  # not rank 0
         return 0
+    if args.record:
+        from .record import write
+
+        first = {**rows[0], "kind": "provenance", "load_avg_1min_after": round(os.getloadavg()[0], 2),
+                 "regenerate": RECORD_COMMAND if args.record.endswith("comms_local.jsonl") else None}
+        write(args.record, first, rows[1:])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "a", encoding="utf-8") as fh:
@@ -640,3 +661,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def plan_lines(profile: str) -> list[str]:
+    """What chapter 10 runs at ``profile`` scale, as the commands that run it."""
+    if profile == "full":
+        return ["the allreduce from 4 B to 256 MiB and ResNet-50's gradient list, one task per GPU, on your nodes:",
+                *(f"  slurm_examples/submit.sh slurm_examples/10_communication.sbatch --nodes={n}" for n in (1, 2, 8)),
+                "  RUNTIME=torch slurm_examples/submit.sh slurm_examples/10_communication.sbatch --nodes=2",
+                "then compare each job's large-message busbw (comms --show FILE) with the network's bandwidth"]
+    return ["on this machine, 2 workers per runtime, 4 B to 256 MiB:",
+            f"  python -m guide_utils comms --json   (recorded: {RECORD_COMMAND})"]
