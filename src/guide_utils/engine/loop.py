@@ -262,4 +262,7 @@ def _environment(dist) -> dict[str, Any]:
                              "gpu": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None}
     if dist.kind == "horovod":
         facts["horovod_nccl"] = bool(dist._hvd.nccl_built())
+        # what hvd.init() read: tensor fusion buffer and cycle time (Horovod 0.28.1's defaults if unset)
+        facts["horovod_fusion_threshold_bytes"] = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 * 2**20))
+        facts["horovod_cycle_time_ms"] = float(os.environ.get("HOROVOD_CYCLE_TIME", 1.0))
     return environment(dist.kind, dist.size, **facts)
