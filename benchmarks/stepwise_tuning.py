@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 
@@ -23,6 +24,8 @@ from guide_utils.perf import record, tuning
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A SIGTERM (scancel, timeout) ends the workers this script started, not only the script.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-gain", type=float, default=0.02, help="keep a switch that wins by more (default 0.02)")

@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from guide_utils.perf import twoworkers
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A SIGTERM (scancel, timeout) ends the workers this script started, not only the script.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setups", nargs="+", default=["default"],
                    help="names (see --list), 'default' (the defaults and the recommended), or 'all'")

@@ -72,6 +72,7 @@ RUNTIMES = {r.name: r for r in (
 HOROVOD_DEFAULTS = (128, 1.0)
 HOROVOD_GRID = ((0, 1.0), (1, 1.0), (8, 1.0), (32, 1.0), (128, 1.0), (128, 5.0), (128, 20.0))
 DDP_BUCKETS_MB = (1, 5, 25, 100)  # 25: DDP's default bucket_cap_mb
+METHODS = ("one-by-one", "async-all", "async-all-fp16", "one-buffer")
 
 
 def algbw(size_bytes: float, seconds: float) -> float:
@@ -311,7 +312,7 @@ def _fused(comm: _Comm, grads):
 
 
 def measure_gradients(comm: _Comm, shapes: list[tuple[int, ...]], *, model: str = "resnet50", iters: int = 3,
-                      methods: tuple[str, ...] = ("one-by-one", "async-all", "async-all-fp16", "one-buffer"),
+                      methods: tuple[str, ...] = METHODS,
                       ddp_buckets_mb: tuple[float, ...] = ()) -> list[dict[str, Any]]:
     """Allreduce a model's gradient list several ways (see the module doc); one row each.
 
@@ -523,6 +524,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--fp16", action="store_true", help="the sweep once more with fp16 compression")
     p.add_argument("--model", default="resnet50", help="whose gradient list (default resnet50)")
     p.add_argument("--iters", type=int, default=3, help="timed repetitions per gradient-list method (default 3)")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
+                   help="ways to allreduce the gradient list (default: all)")
     p.add_argument("--ddp-buckets", type=float, nargs="*", default=list(DDP_BUCKETS_MB), metavar="MB",
                    help="DDP bucket caps to try, torch runtimes (default 1 5 25 100; 25 is DDP's default)")
     p.add_argument("--knobs", action="store_true", help="also Horovod's fusion threshold x cycle time grid "
@@ -555,7 +558,7 @@ def _worker_args(args, sizes_list) -> list[str]:
     out = ["--experiments", *args.experiments, "--min-bytes", str(sizes_list[0]) if sizes_list else "4",
            "--max-bytes", str(sizes_list[-1]) if sizes_list else "4", "--factor", str(args.factor),
            "--budget", args.budget, "--model", args.model, "--iters", str(args.iters),
-           "--ddp-buckets", *map(str, args.ddp_buckets)]
+           "--ddp-buckets", *map(str, args.ddp_buckets), "--methods", *args.methods]
     out += ["--fp16"] if args.fp16 else []
     out += ["--fusion-threshold", args.fusion_threshold] if args.fusion_threshold is not None else []
     return out + (["--cycle-time", str(args.cycle_time)] if args.cycle_time is not None else [])
@@ -589,7 +592,7 @@ def run_worker(args, message_sizes: list[int]) -> list[dict[str, Any]]:
                                       fp16=True)
         if "gradients" in args.experiments:
             rows += measure_gradients(comm, gradient_shapes(args.model), model=args.model, iters=args.iters,
-                                      ddp_buckets_mb=tuple(args.ddp_buckets))
+                                      methods=tuple(args.methods), ddp_buckets_mb=tuple(args.ddp_buckets))
     finally:
         comm.shutdown()
     return rows if comm.rank == 0 else []
@@ -613,7 +616,7 @@ def run_local(args, message_sizes: list[int]) -> list[dict[str, Any]]:
         if args.knobs and name.startswith("horovod"):
             for threshold, cycle in HOROVOD_GRID:
                 knob = argparse_copy(args, experiments=["gradients"], fusion_threshold=f"{threshold}M",
-                                     cycle_time=cycle, fp16=False)
+                                     cycle_time=cycle, fp16=False, methods=["async-all"])
                 rows += [r for r in launch_local(name, args.workers, _worker_args(knob, message_sizes))
                          if r["kind"] == "gradients" and r["method"] == "async-all"]
     return rows

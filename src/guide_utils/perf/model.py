@@ -41,7 +41,22 @@ from .units import parse_bandwidth
 
 # Parameters of the models the guide trains or cites (torchvision's counts).
 PARAMETERS = {"resnet50": 25_557_032, "resnet18": 11_689_512, "resnet101": 44_549_160,
-              "vgg16": 138_357_544, "inception_v3": 27_161_264, "small_resnet": 78_042}
+              "vgg16": 138_357_544, "inception_v3": 27_161_264, "mobilenet_v2": 3_504_872, "small_resnet": 78_042}
+
+
+def gflops(model: str) -> float:
+    """Forward GFLOPs of one 224 px image, as torchvision's weight metadata states them.
+
+    >>> gflops("resnet50"), gflops("vgg16")
+    (4.089, 15.47)
+    """
+    import torchvision
+
+    try:
+        weights = torchvision.models.get_model_weights(model)
+    except (ValueError, KeyError):
+        raise GuideError(f"torchvision has no FLOP count for {model!r}") from None
+    return float(next(iter(weights)).meta["_ops"])
 
 
 def parse_latency(text: str | float) -> float:
@@ -160,17 +175,28 @@ def efficiency_curve(workload: Workload, network: Network, workers: list[int]):
 
 
 def calibrate_network(rows: list[dict[str, Any]], runtime: str, *, size_bytes: float) -> Network:
-    """A :class:`Network` from a comms benchmark: ``alpha`` from the smallest message's time
-    (``t = 2(n-1) alpha`` when the bytes are negligible) and ``B`` from the bus bandwidth of
-    the measured size nearest ``size_bytes`` (the model's gradients)."""
-    sweep = [r for r in rows if r.get("kind") == "allreduce" and r.get("runtime") == runtime
-             and r.get("compression", "none") == "none"]
+    """A :class:`Network` from a comms benchmark's sweep: ``alpha`` from the smallest message
+    (``t = 2(n-1) alpha`` when the bytes are negligible), ``B`` from the allreduce time at
+    ``size_bytes`` (the model's gradients), interpolated log-log between the two measured
+    sizes around it: ``B = 2(n-1)/n x size / (t - 2(n-1) alpha)``."""
+    import math
+
+    sweep = sorted((r for r in rows if r.get("kind") == "allreduce" and r.get("runtime") == runtime
+                    and r.get("compression", "none") == "none"), key=lambda r: r["bytes"])
     if not sweep:
         raise GuideError(f"no allreduce sweep of runtime {runtime!r} in these results; run python -m guide_utils "
                          f"comms --runtime {runtime}")
-    small = min(sweep, key=lambda r: r["bytes"])
-    near = min(sweep, key=lambda r: abs(r["bytes"] - size_bytes))
-    n = near["workers"]
+    n = sweep[0]["workers"]
     if n < 2:
         raise GuideError("a one-worker benchmark has no bandwidth to calibrate from; run it with 2 or more workers")
-    return Network(near["busbw_GBps"] * 1e9, small["time_s"] / (2 * (n - 1)))
+    alpha = sweep[0]["time_s"] / (2 * (n - 1))
+    below = [r for r in sweep if r["bytes"] <= size_bytes] or sweep[:1]
+    above = [r for r in sweep if r["bytes"] >= size_bytes] or sweep[-1:]
+    lo, hi = below[-1], above[0]
+    if lo["bytes"] == hi["bytes"]:
+        t = lo["time_s"] * size_bytes / lo["bytes"]  # outside the sweep: proportional to the nearest
+    else:
+        w = math.log(size_bytes / lo["bytes"]) / math.log(hi["bytes"] / lo["bytes"])
+        t = math.exp((1 - w) * math.log(lo["time_s"]) + w * math.log(hi["time_s"]))
+    latency_part = min(2 * (n - 1) * alpha, 0.5 * t)
+    return Network(2 * (n - 1) / n * size_bytes / (t - latency_part), alpha)

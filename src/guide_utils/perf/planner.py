@@ -254,7 +254,7 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _format(answer: dict[str, Any]) -> str:
+def format_answer(answer: dict[str, Any]) -> str:
     c, s = answer["choice"], answer["schedule"]
     warm = "no warmup" if s["warmup"] == "none" else \
         f"{s['warmup']} warmup over {s['warmup_epochs']} epochs from lr {s['warmup_start_lr']:g}"
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                   gpus_per_node=args.gpus_per_node, max_nodes=args.max_nodes, epochs=args.epochs, images=args.images,
                   fp16_allreduce=args.fp16_allreduce, overlap=args.overlap, max_global_batch=args.max_global_batch,
                   base_lr=args.base_lr, base_batch=args.base_batch, nodes=args.nodes)
-    print(json.dumps(answer) if args.json else _format(answer))
+    print(json.dumps(answer) if args.json else format_answer(answer))
     return 0
 
 

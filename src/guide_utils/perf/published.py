@@ -48,10 +48,11 @@ CASES: list[dict[str, Any]] = [
      "published": 0.90, "published_source": "Horovod v0.28.1 docs, benchmarks",
      "assumed": "one GPU's rate: the docs' 16-GPU example output per GPU (no single-GPU number given)"},
     {"case": "Horovod docs, 512 Pascal GPUs, VGG-16", "source": "horovod_docs", "model": "vgg16", "batch": 64,
-     "rate": 1656.82 / 16 * 7.8 / 15.5, "rate_source": "ResNet-101's rate x 7.8/15.5 GFLOPs",
+     "rate": 1656.82 / 16 * 7.801 / 15.47, "rate_source": "ResNet-101's rate x 7.801/15.47 GFLOPs",
      "network": "25Gbit/s", "network_source": "Horovod docs (RoCE)", "gpus_per_node": 4, "workers": 512,
      "published": 0.68, "published_source": "Horovod v0.28.1 docs, benchmarks",
-     "assumed": "one GPU's rate scaled from ResNet-101's by the models' forward GFLOPs (7.8 vs 15.5)"},
+     "assumed": "one GPU's rate scaled from ResNet-101's by the models' forward GFLOPs (torchvision: 7.801 "
+                "vs 15.47)"},
     {"case": "Goyal et al., 256 P100 (vs 8), batch 32", "source": "goyal2017", "model": "resnet50", "batch": 32,
      "rate": 210.15, "rate_source": "thesis Table 1 (P100, batch 32)", "network": "50Gbit/s",
      "network_source": "Goyal et al. (50 Gbit Ethernet)", "gpus_per_node": 8, "workers": 256, "relative_to": 8,

@@ -26,7 +26,7 @@ from .runs import Setup, throughput
 
 BASE = {"--profile": "full", "--model": "resnet18", "--data": "synthetic", "--image-size": "64",
         "--per-worker-batch": "32", "--epochs": "1", "--max-steps-per-epoch": "30", "--loader-workers": "0",
-        "--synthetic-size": "2048"}
+        "--synthetic-size": "1024"}
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, ba
     return rows
 
 
-def prepare_data(root: Path, *, per_class: int = 256, size: int = 256, image_size: int = 72) -> dict[str, str]:
+def prepare_data(root: Path, *, per_class: int = 512, size: int = 256, image_size: int = 72) -> dict[str, str]:
     """The walk's datasets under ``root``: the JPEG folder (the "shared filesystem" copy), its
     pre-decoded shards, and the shards staged to ``root/local-scratch`` as a job would."""
     from .datasets import make_jpeg_folder, write_shards

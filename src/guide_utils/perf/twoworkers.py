@@ -138,3 +138,36 @@ def table(result: dict[str, Any]):
     t = pd.DataFrame(result["rows"])
     rate = dict(zip(t["setup"], t["images_per_second"]))
     return t.assign(limit_images_per_second=t["limit"].map(rate))
+
+
+# Which comms runtime carries each setup's gradients.
+RUNTIME_OF = {"horovod-gloo": "horovod-gloo", "horovod-mpi": "horovod-mpi", "ddp": "torch-gloo"}
+MODEL = "resnet18"
+
+
+def predicted_vs_measured(comms_rows: list[dict[str, Any]], result: dict[str, Any], *, batch: int = 16):
+    """The step model calibrated on this machine (the comms sweep for the network, the two
+    independent workers for the compute) against the measured two-worker runs.
+
+    One row per default setup: its runtime, the calibrated bus bandwidth and latency, the
+    predicted and measured images/s, and both as a ratio to the two-independent-workers limit.
+    """
+    import pandas as pd
+
+    from .model import PARAMETERS, Workload, calibrate_network, predict
+
+    rate = {r["setup"]: r["images_per_second"] for r in result["rows"]}
+    limit = rate[f"independent-{batch}"]
+    work = Workload(PARAMETERS[MODEL], batch, limit / 2)  # one worker's compute while both cores compute
+    rows = []
+    for setup, runtime in RUNTIME_OF.items():
+        if setup not in rate:
+            continue
+        net = calibrate_network(comms_rows, runtime, size_bytes=work.gradient_bytes)
+        p = predict(work, net, 2)
+        rows.append({"setup": setup, "runtime": runtime, "busbw_GBps": net.bandwidth / 1e9,
+                     "latency_us": net.latency * 1e6, "compute_ms": p.compute_s * 1e3,
+                     "allreduce_ms": p.allreduce_s * 1e3, "predicted_images_per_second": p.images_per_second,
+                     "measured_images_per_second": rate[setup], "predicted_ratio": p.efficiency,
+                     "measured_ratio": rate[setup] / limit})
+    return pd.DataFrame(rows)
