@@ -62,8 +62,13 @@ def test_full_overlap_hides_communication_shorter_than_backward():
 def test_calibration_from_a_comms_benchmark():
     rows = [{"kind": "allreduce", "runtime": "torch-gloo", "workers": 2, "bytes": b, "time_s": t, "busbw_GBps": bw}
             for b, t, bw in ((4, 1e-4, 0.0), (2**20, 2e-3, 0.5), (2**26, 0.05, 1.34))]
-    net = calibrate_network(rows, "torch-gloo", size_bytes=46e6)
-    assert net.latency == pytest.approx(1e-4 / 2) and net.bandwidth == pytest.approx(1.34e9)
+    # at a measured size: B = 2(n-1)/n x size / (t - 2(n-1) alpha) = 2**26 / (0.05 - 1e-4)
+    net = calibrate_network(rows, "torch-gloo", size_bytes=2**26)
+    assert net.latency == pytest.approx(1e-4 / 2) and net.bandwidth == pytest.approx(2**26 / (0.05 - 1e-4))
+    # between two sizes the time is interpolated log-log: at 2**23, halfway in log between
+    # 2**20 (2 ms) and 2**26 (50 ms): t = sqrt(0.002 * 0.05) = 0.01 s
+    mid = calibrate_network(rows, "torch-gloo", size_bytes=2**23)
+    assert mid.bandwidth == pytest.approx(2**23 / (0.01 - 1e-4))
     with pytest.raises(GuideError, match="no allreduce sweep of runtime 'horovod-mpi'"):
         calibrate_network(rows, "horovod-mpi", size_bytes=46e6)
 

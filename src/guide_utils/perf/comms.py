@@ -647,8 +647,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         from .record import write
 
+        import shlex
+
+        given = sys.argv[1:] if argv is None else argv
         first = {**rows[0], "kind": "provenance", "load_avg_1min_after": round(os.getloadavg()[0], 2),
-                 "regenerate": RECORD_COMMAND if args.record.endswith("comms_local.jsonl") else None}
+                 "regenerate": " ".join([PROG, *map(shlex.quote, given)])}
         write(args.record, first, rows[1:])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
