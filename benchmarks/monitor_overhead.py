@@ -13,6 +13,7 @@ it on the machine you care about; on a shared or busy machine repeat it.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (the --monitor default)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-loss", type=float, default=0.01)
+    p.add_argument("--record", help="write the result, provenance first, to this file (JSON lines)")
     args = p.parse_args(argv)
+    load_before = os.getloadavg()[0]
     rate(args, None)  # warm up: data, allocator, thread pools
     off, on = [], []
     for i in range(args.repeats):  # alternate, so drifts in the machine's speed hit both
@@ -53,7 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}, batch {args.per_worker_batch}, {args.steps} steps x {args.repeats} repeats each")
     print(f"without --monitor: {off_rate:8.1f} img/s (median; runs {', '.join(f'{r:.0f}' for r in off)})")
     print(f"with --monitor {args.interval:g}: {on_rate:8.1f} img/s (median; runs {', '.join(f'{r:.0f}' for r in on)})")
-    print(f"ratio with/without: {ratio:.3f} ({100 * (1 - ratio):+.1f} % throughput lost)")
+    print(f"ratio with/without: {ratio:.3f} ({100 * (1 - ratio):+.1f} % throughput lost); "
+          f"load {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    if args.record:
+        from guide_utils.perf import record
+
+        first = record.provenance(study="monitor_overhead", repeats=args.repeats, load_avg_1min=round(load_before, 2),
+                                  load_avg_1min_after=round(os.getloadavg()[0], 2),
+                                  regenerate="python benchmarks/monitor_overhead.py --record "
+                                             "src/guide_utils/results/recorded/monitor_overhead.jsonl")
+        record.write(args.record, first, [{"kind": "result", "model": args.model, "per_worker_batch": args.per_worker_batch,
+                                           "steps": args.steps, "interval_s": args.interval, "without": off,
+                                           "with": on, "ratio": ratio}])
     return 0 if ratio >= 1 - args.max_loss else 1
 
 

@@ -22,7 +22,8 @@ def test_the_examples_mirror_the_notebooks():
     assert [p.stem for p in SCRIPTS] == ["01_single_gpu_baseline", "02_single_node_data_parallel",
                                          "03_multi_node_horovod", "04_naive_scaling", "05_linear_scaling_rule",
                                          "06_learning_rate_warmup", "07_per_worker_batch_size", "08_tensorflow_horovod",
-                                         "08_tensorflow_native", "09_notebook_batch"]
+                                         "08_tensorflow_native", "09_notebook_batch", "10_communication",
+                                         "12_stepwise_tuning"]
 
 
 def test_shellcheck_is_clean():

@@ -11,6 +11,9 @@ On the cluster:
   sync-check    do N processes (Horovod or DDP) really end with the same weights?
   rendezvous    HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
   pack-dataset  write a real image dataset as a tar archive (the ImageFolder layout)
+Performance:
+  comms         allreduce time, algbw and busbw over message sizes, and the gradient knobs
+  plan          how many nodes and which batch: the data-parallel step model, before you submit
 
 Every command takes --help, and --debug to show a traceback instead of a one-line error.
 """
@@ -30,6 +33,8 @@ COMMANDS = {
     "doctor": ("guide_utils.cluster.doctor", "main"),
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
     "rendezvous": ("guide_utils.cluster.slurm", "rendezvous_main"),
+    "comms": ("guide_utils.perf.comms", "main"),
+    "plan": ("guide_utils.perf.planner", "main"),
     "pack-dataset": ("guide_utils.cluster.pack", "main"),
 }
 

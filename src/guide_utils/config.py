@@ -54,7 +54,11 @@ class TrainConfig:
     amp: str = "none"  # "bf16" or "fp16" (fp16 on GPU only)
     channels_last: bool = False
     compile: bool = False
-    fp16_allreduce: bool = False
+    fp16_allreduce: bool = False  # Horovod's fp16 compression; DDP's fp16_compress_hook
+    # how gradients are grouped for the allreduce; None: the library's own default
+    ddp_bucket_mb: float | None = None  # DDP bucket_cap_mb (PyTorch: 25)
+    fusion_threshold_mb: float | None = None  # Horovod tensor fusion buffer (0.28.1: 128; 0 disables fusion)
+    cycle_time_ms: float | None = None  # Horovod background cycle (0.28.1: 1)
     deterministic: bool = False
     # where things go
     results_dir: str = "results"
@@ -94,6 +98,12 @@ class TrainConfig:
             raise GuideError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.monitor is not None and not 0.05 <= self.monitor <= 3600:
             raise GuideError(f"--monitor takes the seconds between samples, 0.05 to 3600, got {self.monitor}")
+        if self.ddp_bucket_mb is not None and not self.ddp_bucket_mb > 0:
+            raise GuideError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
+        if self.fusion_threshold_mb is not None and self.fusion_threshold_mb < 0:
+            raise GuideError(f"--fusion-threshold-mb must be 0 (no fusion) or more, got {self.fusion_threshold_mb}")
+        if self.cycle_time_ms is not None and not 0 < self.cycle_time_ms <= 1000:
+            raise GuideError(f"--cycle-time-ms is in milliseconds, 0 to 1000, got {self.cycle_time_ms}")
         if not 0 < self.gamma <= 1:
             raise GuideError(f"--gamma must be in (0, 1], got {self.gamma}")
         if self.momentum < 0 or self.weight_decay < 0:

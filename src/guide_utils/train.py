@@ -91,7 +91,11 @@ def build_parser() -> ArgumentParser:
                    help="NHWC memory layout (faster convs on GPUs)")
     g.add_argument("--compile", action="store_const", const=True, help="torch.compile the model")
     g.add_argument("--fp16-allreduce", action="store_const", const=True,
-                   help="Horovod: compress gradients to fp16 for the allreduce")
+                   help="send gradients as fp16 (Horovod's compression; DDP's fp16_compress_hook)")
+    g.add_argument("--ddp-bucket-mb", type=float, help="DDP: gradient bucket size in MB (default: PyTorch's 25)")
+    g.add_argument("--fusion-threshold-mb", type=float,
+                   help="Horovod: tensor fusion buffer in MiB, 0 disables fusion (default: Horovod's 128)")
+    g.add_argument("--cycle-time-ms", type=float, help="Horovod: background cycle in ms (default: Horovod's 1)")
     g.add_argument("--deterministic", action="store_const", const=True,
                    help="deterministic algorithms, no cuDNN autotuning (slower; for exact reproduction)")
     g.add_argument("--monitor", type=float, nargs="?", const=1.0, metavar="SECONDS",

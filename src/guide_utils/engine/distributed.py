@@ -40,12 +40,14 @@ class Dist:
     def is_root(self) -> bool:
         return self.rank == 0
 
-    def prepare(self, model, optimizer, *, fp16_allreduce: bool = False):
+    def prepare(self, model, optimizer, *, fp16_allreduce: bool = False, bucket_mb: float | None = None):
         """Make every rank start from rank 0's weights and average gradients.
 
         Returns ``(model, optimizer)``; the model may be wrapped (DDP) and the optimizer is
         replaced (Horovod). Horovod's wrapper starts with an empty optimizer state, so
         restore a checkpoint's optimizer state *after* this call, on every rank.
+        ``fp16_allreduce`` sends gradients as fp16 (Horovod's compression, DDP's
+        fp16_compress_hook); ``bucket_mb`` is DDP's bucket cap (None: PyTorch's 25 MB).
         """
         if self.kind == "horovod":
             hvd = self._hvd
@@ -61,7 +63,12 @@ class Dist:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.local_rank] if self.device is not None and self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's weights
+            # broadcasts rank 0's weights
+            model = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_mb)
+            if fp16_allreduce:
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return model, optimizer
 
     def allreduce_mean(self, tensor, name: str = "metric"):
@@ -116,8 +123,14 @@ def _pick_device(local_rank: int):
     return torch.device("cpu")
 
 
-def _init_horovod() -> Dist:
+def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Dist:
     launcher, job = require_launcher("horovod")
+    # Tensor fusion settings are read from the environment by hvd.init() (horovodrun's
+    # --fusion-threshold-mb and --cycle-time-ms set the same variables).
+    if fusion_threshold_mb is not None:
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 2**20))
+    if cycle_time_ms is not None:
+        os.environ["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
     try:
         import horovod.torch as hvd
     except ImportError as exc:
@@ -155,10 +168,11 @@ def _init_ddp() -> Dist:
     return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, local_size, device)
 
 
-def init(kind: str = "none") -> Dist:
-    """Start the distributed runtime named ``kind`` (one of ``KINDS``) for this process."""
+def init(kind: str = "none", *, fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Dist:
+    """Start the distributed runtime named ``kind`` (one of ``KINDS``) for this process;
+    Horovod with these tensor-fusion settings (None: Horovod's defaults, 128 MiB and 1 ms)."""
     if kind == "horovod":
-        return _init_horovod()
+        return _init_horovod(fusion_threshold_mb, cycle_time_ms)
     if kind == "ddp":
         return _init_ddp()
     if kind == "none":

@@ -55,7 +55,7 @@ def train(cfg: TrainConfig) -> RunResult:
     cfg.validate()
     if cfg.checkpoint_dir:
         checkpoint.ensure_writable(Path(cfg.checkpoint_dir))  # fail before any work is done
-    dist = distributed.init(cfg.dist)
+    dist = distributed.init(cfg.dist, fusion_threshold_mb=cfg.fusion_threshold_mb, cycle_time_ms=cfg.cycle_time_ms)
     try:
         return _train(cfg, dist)
     finally:
@@ -262,4 +262,7 @@ def _environment(dist) -> dict[str, Any]:
                              "gpu": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None}
     if dist.kind == "horovod":
         facts["horovod_nccl"] = bool(dist._hvd.nccl_built())
+        # what hvd.init() read: tensor fusion buffer and cycle time (Horovod 0.28.1's defaults if unset)
+        facts["horovod_fusion_threshold_bytes"] = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 128 * 2**20))
+        facts["horovod_cycle_time_ms"] = float(os.environ.get("HOROVOD_CYCLE_TIME", 1.0))
     return environment(dist.kind, dist.size, **facts)

@@ -77,7 +77,7 @@ def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_c
             scaler.load_state_dict(st["scaler"])
     _ranks_agree_on_the_checkpoint(cfg, dist, resume)
     module = model
-    model, optimizer = dist.prepare(model, optimizer, fp16_allreduce=cfg.fp16_allreduce)
+    model, optimizer = dist.prepare(model, optimizer, fp16_allreduce=cfg.fp16_allreduce, bucket_mb=cfg.ddp_bucket_mb)
     scheduler = torch_scheduler(optimizer, steps_per_epoch=plan.steps_per_epoch, **plan.schedule)
     if loaded is not None:
         scheduler.load_state_dict(loaded.state["scheduler"])

@@ -177,3 +177,57 @@ def utilisation(run, *, axes=None):
         ax.set(xlabel="seconds since the start", ylim=(0, None))
         ax.legend(fontsize=7)
     return axes
+
+
+def comms_sweep(table, *, axes=None, label_suffix: str = ""):
+    """Allreduce time and bus bandwidth against message size, one line per runtime (and
+    compression), from ``guide_utils.perf.comms.table(rows)``."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    sweep = table[table["kind"] == "allreduce"]
+    for (runtime, compression), rows in sweep.groupby(["runtime", "compression"], sort=False):
+        label = runtime + ("" if compression == "none" else f" ({compression})") + label_suffix
+        rows = rows.sort_values("bytes")
+        axes[0].plot(rows["bytes"], rows["time_s"] * 1e6, "o-", ms=3, label=label)
+        axes[1].plot(rows["bytes"], rows["busbw_GBps"], "o-", ms=3, label=label)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("time per allreduce (us)")
+    axes[1].set_ylabel("bus bandwidth (GB/s)")
+    axes[1].set_ylim(bottom=0)
+    axes[0].legend(fontsize=7)
+    return axes
+
+
+def efficiency_vs_workers(curves: dict, *, ax=None, published=None):
+    """Predicted scaling efficiency against workers, one line per label; ``published``: a
+    table with ``workers``, ``efficiency`` and ``source`` drawn as labelled points."""
+    ax = _axes(ax, figsize=(6.5, 3.8))
+    for label, table in curves.items():
+        ax.plot(table["workers"], 100 * table["efficiency"], "-", label=label)
+    if published is not None:
+        for source, rows in published.groupby("source", sort=False):
+            ax.plot(rows["workers"], 100 * rows["efficiency"], "o", label=source)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="workers (GPUs)", ylabel="scaling efficiency (%)", ylim=(0, 105))
+    ax.axhline(100, ls=":", color="grey")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def ratio_bars(labels, ratios, *, ax=None, reference: float = 1.0, xlabel: str = "ratio", colors=None):
+    """Horizontal bars of ratios (a step against the one before, a setup against its limit),
+    with a line at ``reference``."""
+    ax = _axes(ax, figsize=(7, 0.35 * len(labels) + 1))
+    ypos = list(range(len(labels)))[::-1]
+    ax.barh(ypos, ratios, color=colors)
+    ax.set_yticks(ypos, labels)
+    ax.axvline(reference, color="k", ls=":")
+    for y, r in zip(ypos, ratios):
+        ax.text(r, y, f" {r:.2f}", va="center", fontsize=8)
+    ax.set(xlabel=xlabel, xlim=(0, max(max(ratios) * 1.15, reference * 1.1)))
+    return ax

@@ -46,7 +46,10 @@ from .runtime import check_versions, init, keras_version
 
 PYTORCH_ONLY = (("--amp", lambda c: c.amp != "none"), ("--channels-last", lambda c: c.channels_last),
                 ("--compile", lambda c: c.compile), ("--fp16-allreduce", lambda c: c.fp16_allreduce),
-                ("--optimizer lars/lamb", lambda c: c.optimizer != "sgd"))
+                ("--optimizer lars/lamb", lambda c: c.optimizer != "sgd"),
+                ("--ddp-bucket-mb", lambda c: c.ddp_bucket_mb is not None),
+                ("--fusion-threshold-mb/--cycle-time-ms",
+                 lambda c: c.fusion_threshold_mb is not None or c.cycle_time_ms is not None))
 
 
 def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:

@@ -1,0 +1,60 @@
+"""Recorded measurements: what took minutes to measure, kept in ``results/recorded/`` with
+where, when and with what it ran in the first line, and the command that measures it again.
+
+Each file is JSON lines; the first line is a ``provenance`` object (date, host, hardware,
+load average before and after, commit, Python, PyTorch and Horovod versions, the command).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+RECORDED = "guide_utils.results"
+
+
+def provenance(**extra: Any) -> dict[str, Any]:
+    """Date, machine, current load, commit and versions, plus ``extra``."""
+    import torch
+
+    from ..results.plots import hardware_label
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    try:
+        import horovod
+
+        hv = horovod.__version__
+    except ImportError:
+        hv = None
+    return {"kind": "provenance", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "hardware": hardware_label(), "load_avg_1min": round(os.getloadavg()[0], 2),
+            "commit": commit, "python": platform.python_version(), "torch": torch.__version__, "horovod": hv, **extra}
+
+
+def write(path: str | Path, first: dict[str, Any], rows: Iterable[dict[str, Any]]) -> Path:
+    """``first`` (the provenance) then every row, one JSON object per line; replaces ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(first) + "\n")
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(tmp, path)
+    return path
+
+
+def read(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(provenance, rows)`` of a recorded file shipped with the package."""
+    with (resources.files(RECORDED) / "recorded" / name).open(encoding="utf-8") as fh:
+        lines = [json.loads(line) for line in fh if line.strip()]
+    return lines[0], lines[1:]
