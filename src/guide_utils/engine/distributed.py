@@ -60,7 +60,7 @@ class Dist:
         elif self.kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            ids = [self.local_rank] if self.device is not None and self.device.type == "cuda" else None
+            ids = [self.device.index] if self.device is not None and self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's weights
         return model, optimizer
 
@@ -107,12 +107,20 @@ class Dist:
 
 
 def _pick_device(local_rank: int):
+    """This rank's device: its own GPU when there are GPUs, else the CPU.
+
+    >>> _pick_device(0).type in ("cpu", "cuda")
+    True
+    """
     import torch
 
     if torch.cuda.is_available():
-        # One process per GPU: without this every rank on a node would allocate on GPU 0.
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        # One process per GPU: without set_device every rank on a node would allocate on GPU 0.
+        # A task that sees only its own GPU (srun --gpus-per-task or --gpu-bind, which set
+        # CUDA_VISIBLE_DEVICES per task) finds it as GPU 0 whatever its local rank.
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
