@@ -1,0 +1,78 @@
+"""The large-batch study of chapter 13: its points, its command, the recorded table the book
+shows, and that the recorded numbers are what this code produces."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from guide_utils.errors import GuideError
+from guide_utils.studies import large_batch as lb
+
+CLI = [sys.executable, "-m", "guide_utils", "large-batch"]
+LRS = {"sgd": 0.05, "lars": 2.0, "lamb": 0.004}
+
+
+def test_points_tune_every_optimizer_then_cover_every_k_method_and_seed():
+    tune = lb.tuning_points()
+    assert len(tune) == sum(len(v) for v in lb.TUNING.values()) and {p.k for p in tune} == {1}
+    rest = lb.sweep_points(LRS)
+    assert len(rest) == len(lb.SEEDS) - 1 + len(lb.KS) * len(lb.METHODS) * len(lb.SEEDS)
+    assert max(lb.KS) * lb.BASE_BATCH >= 8192  # the issue's bar: a global batch of at least 8192
+    lars = lb.Point(256, "lars+warmup", "lars", 2.0, 0).settings()
+    assert (lars["per_worker_batch"], lars["optimizer"], lars["lr_scaling"], lars["warmup"], lars["warmup_start_batch"]) \
+        == (8192, "lars", "linear", "gradual", 32)
+    assert lb.Point(64, "lamb+warmup", "lamb", 0.004, 1).settings()["lr_scaling"] == "sqrt"
+    assert lb.Point(64, "sqrt+warmup", "sgd", 0.05, 1).settings()["lr_scaling"] == "sqrt"
+    assert lb.Point(1, "baseline", "lamb", 0.004, 0).settings()["warmup"] == "none"
+    # The largest k still takes 8 steps per epoch, and every k divides the training set.
+    assert lb.TRAIN_SAMPLES == 65536 and lb.TRAIN_SAMPLES // (256 * 32) == 8
+
+
+@pytest.mark.parametrize("kwargs", [{"methods": ["cosine+warmup"]}, {"ks": [1, 64]}, {"ks": [4096]}])
+def test_bad_points_are_refused(kwargs):
+    with pytest.raises(GuideError):
+        lb.sweep_points(LRS, **kwargs)
+
+
+def test_the_base_rate_is_the_tuning_runs_best():
+    rows = [{"k": 1, "seed": 0, "optimizer": "lars", "base_lr": lr, "best_val_top1_err": err}
+            for lr, err in ((0.5, 3.0), (2.0, 1.5), (8.0, 9.0))]
+    rows += [{"k": 1, "seed": 1, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1},  # not a tuning run
+             {"k": 64, "seed": 0, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1}]
+    assert lb.chosen_lrs(pd.DataFrame(rows)) == {"lars": 2.0}
+
+
+@pytest.mark.slow
+def test_cli_records_a_tiny_study_two_at_a_time_and_refuses_to_overwrite(tmp_path):
+    """The same code as the recording (tuning, choice, points, two spawned workers), on a
+    problem small enough for a test."""
+    out = tmp_path / "s.csv"
+    code = ("import sys; from guide_utils.studies import large_batch as lb; "
+            "lb.TUNING.update(sgd=(0.05, 0.2), lars=(2.0,), lamb=(0.004,)); "
+            f"lb.run({str(out)!r}, ks=[2], seeds=[0], jobs=2, results_dir={str(tmp_path / 'r')!r}, "
+            "overrides=dict(mnist1d_samples=2000, epochs=2, milestones=(1,), warmup_epochs=1))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = lb.load(out)
+    assert "commit " in table.attrs["source"] and "torch " in table.attrs["source"] and "timm " in table.attrs["source"]
+    assert len(table) == 4 + 4 and len(list((tmp_path / "r").glob("*.jsonl"))) == 8
+    chosen = lb.chosen_lrs(table)
+    assert set(table.query("k == 2")["base_lr"]) <= set(chosen.values())
+    assert all(len(lb.epoch_curve(r)) == 2 for _, r in table.iterrows())
+    before = out.read_bytes()
+    again = subprocess.run([*CLI, "run", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    assert out.read_bytes() == before
+
+
+def test_malformed_or_missing_csv_is_one_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("# something else\na,b\n1,2\n")
+    proc = subprocess.run([*CLI, "summary", str(bad)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "lacks column" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = subprocess.run([*CLI, "summary", str(tmp_path / "missing.csv")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no large-batch results" in proc.stderr
