@@ -28,8 +28,9 @@ def test_points_tune_every_optimizer_then_cover_every_k_method_and_seed():
     assert lb.Point(64, "lamb+warmup", "lamb", 0.004, 1).settings()["lr_scaling"] == "sqrt"
     assert lb.Point(64, "sqrt+warmup", "sgd", 0.05, 1).settings()["lr_scaling"] == "sqrt"
     assert lb.Point(1, "baseline", "lamb", 0.004, 0).settings()["warmup"] == "none"
-    # The largest k still takes 8 steps per epoch, and every k divides the training set.
-    assert lb.TRAIN_SAMPLES == 65536 and lb.TRAIN_SAMPLES // (256 * 32) == 8
+    # The largest k still takes 4 steps per epoch, and every k divides the training set.
+    assert lb.TRAIN_SAMPLES == 32768 and all(lb.TRAIN_SAMPLES % (k * 32) == 0 for k in lb.KS)
+    assert lb.TRAIN_SAMPLES // (256 * 32) == 4
 
 
 @pytest.mark.parametrize("kwargs", [{"methods": ["cosine+warmup"]}, {"ks": [1, 64]}, {"ks": [4096]}])
