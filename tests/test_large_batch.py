@@ -19,8 +19,10 @@ LRS = {"sgd": 0.05, "lars": 2.0, "lamb": 0.004}
 def test_points_tune_every_optimizer_then_cover_every_k_method_and_seed():
     tune = lb.tuning_points()
     assert len(tune) == sum(len(v) for v in lb.TUNING.values()) and {p.k for p in tune} == {1}
+    assert all(p.settings()["epochs"] == lb.TUNING_EPOCHS and p.stage == "tune" for p in tune)
     rest = lb.sweep_points(LRS)
-    assert len(rest) == len(lb.SEEDS) - 1 + len(lb.KS) * len(lb.METHODS) * len(lb.SEEDS)
+    assert len(rest) == len(lb.SEEDS) + 2 + len(lb.KS) * len(lb.METHODS) * len(lb.SEEDS)
+    assert all(p.settings()["epochs"] == 20 and p.stage == "study" for p in rest)
     assert max(lb.KS) * lb.BASE_BATCH >= 8192  # the issue's bar: a global batch of at least 8192
     lars = lb.Point(256, "lars+warmup", "lars", 2.0, 0).settings()
     assert (lars["per_worker_batch"], lars["optimizer"], lars["lr_scaling"], lars["warmup"], lars["warmup_start_batch"]) \
@@ -40,10 +42,10 @@ def test_bad_points_are_refused(kwargs):
 
 
 def test_the_base_rate_is_the_tuning_runs_best():
-    rows = [{"k": 1, "seed": 0, "optimizer": "lars", "base_lr": lr, "best_val_top1_err": err}
+    rows = [{"stage": "tune", "k": 1, "seed": 0, "optimizer": "lars", "base_lr": lr, "best_val_top1_err": err}
             for lr, err in ((0.5, 3.0), (2.0, 1.5), (8.0, 9.0))]
-    rows += [{"k": 1, "seed": 1, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1},  # not a tuning run
-             {"k": 64, "seed": 0, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1}]
+    rows += [{"stage": "study", "k": 1, "seed": 0, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1},
+             {"stage": "study", "k": 64, "seed": 0, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1}]
     assert lb.chosen_lrs(pd.DataFrame(rows)) == {"lars": 2.0}
 
 
@@ -53,14 +55,16 @@ def test_cli_records_a_tiny_study_two_at_a_time_and_refuses_to_overwrite(tmp_pat
     problem small enough for a test."""
     out = tmp_path / "s.csv"
     code = ("import sys; from guide_utils.studies import large_batch as lb; "
-            "lb.TUNING.update(sgd=(0.05, 0.2), lars=(2.0,), lamb=(0.004,)); "
+            "lb.TUNING.update(sgd=(0.05, 0.2), lars=(2.0,), lamb=(0.004,)); lb.TUNING_EPOCHS = 1; "
             f"lb.run({str(out)!r}, ks=[2], seeds=[0], jobs=2, results_dir={str(tmp_path / 'r')!r}, "
             "overrides=dict(mnist1d_samples=2000, epochs=2, milestones=(1,), warmup_epochs=1))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = lb.load(out)
     assert "commit " in table.attrs["source"] and "torch " in table.attrs["source"] and "timm " in table.attrs["source"]
-    assert len(table) == 4 + 4 and len(list((tmp_path / "r").glob("*.jsonl"))) == 8
+    # tuning: 2 + 1 + 1; baselines at the chosen rates: 3; k = 2: one per method
+    assert len(table) == 4 + 3 + 4 and len(list((tmp_path / "r").glob("*.jsonl"))) == 11
+    assert (table.query("stage == 'tune'")["epochs"] == 1).all() and (table.query("stage == 'study'")["epochs"] == 2).all()
     chosen = lb.chosen_lrs(table)
     assert set(table.query("k == 2")["base_lr"]) <= set(chosen.values())
     assert all(len(lb.epoch_curve(r)) == 2 for _, r in table.iterrows())

@@ -12,17 +12,18 @@ learning rate, several seeds each:
 * ``lamb+warmup``: LAMB, learning rate x sqrt(k), the rule its paper uses (You et al. 2020).
 
 Each optimizer's base learning rate (at batch 32) is chosen by the command itself, not by
-hand: every value in ``TUNING`` is trained at k = 1 with seed 0, and the one with the lowest
-best validation error is kept. Those runs are rows of the recorded table, so the choice can
-be checked (``chosen_lrs``). The grids differ because the optimizers' learning rates mean
+hand: every value in ``TUNING`` is trained at k = 1 with seed 0 for the first
+``TUNING_EPOCHS`` epochs (a quarter of a run, before any decay), and the one with the lowest
+best validation error is kept. Those short runs are rows of the recorded table (``stage``
+``tune``), so the choice can be checked (``chosen_lrs``). The grids differ because the optimizers' learning rates mean
 different things: SGD's multiplies the gradient; LARS's (timm, trust coefficient 0.001)
 multiplies ``0.001 x |w| / |g|`` per layer, so its values are tens of times SGD's; LAMB's is
 the size of each layer's step relative to its weights, Adam-like, so a few 1e-3. Each grid
 is a factor of 2 either side of the value a short exploration found best (6 epochs, 20,000
 samples, k = 1: LARS 0.5 / 2 / 8 gave 4.3 / 1.8 / 3.3 % error, LAMB 0.001 / 0.004 / 0.016
-gave 5.6 / 2.4 / 10.9 %). SGD keeps the 0.05 at batch 32 that chapters 4-6 use on this
-problem. Only the SGD baseline, the reference every method is measured
-against, is trained with every seed at k = 1.
+gave 5.6 / 2.4 / 10.9 %); SGD's around the 0.05 at batch 32 that chapters 4-6 use. The full
+k = 1 runs at the chosen rates are each optimizer's baseline; SGD's, the reference every
+method is measured against, with every seed.
 
 Data: 40,960 MNIST-1D samples, of which 32,768 (2^15) train, so every k divides the
 training set: k = 256 gets 4 optimizer steps per epoch, 80 in 20 epochs (20 of them in
@@ -32,7 +33,7 @@ epoch) would double the cost, which is what this study had to fit into: the mach
 was recorded on is two CPU cores shared with other work, about half an hour of CPU for
 the whole study (the ``cpu_seconds`` column). For the same reason it has three values of
 k, the thesis's 32 GPUs (global batch 1024), its largest global batch (4096) and Goyal et
-al.'s upper bound (8192), and two seeds.
+al.'s upper bound (8192), two seeds, and short tuning runs.
 
 ``python -m guide_utils large-batch run --out FILE.csv [--jobs 2]`` trains the tuning runs,
 then every point, appending one row per run as it finishes (``--jobs`` runs that many at a
@@ -67,12 +68,13 @@ METHODS = {"linear+warmup": {"optimizer": "sgd", "lr_scaling": "linear"},
            "lars+warmup": {"optimizer": "lars", "lr_scaling": "linear"},
            "lamb+warmup": {"optimizer": "lamb", "lr_scaling": "sqrt"}}
 # Base learning rates tried at k = 1 (batch 32); see the module doc for the centres.
-TUNING = {"sgd": (0.05,), "lars": (1.0, 2.0, 4.0), "lamb": (0.002, 0.004, 0.008)}
+TUNING = {"sgd": (0.025, 0.05, 0.1), "lars": (1.0, 2.0, 4.0), "lamb": (0.002, 0.004, 0.008)}
 TUNING_SEED = 0
+TUNING_EPOCHS = 5
 KS = (32, 128, 256)
 SEEDS = (0, 1)
 CURVE_COLUMNS = ("val_curve", "train_curve")
-COLUMNS = ["k", "method", "optimizer", "lr_scaling", "seed", "global_batch", "base_lr", "peak_lr",
+COLUMNS = ["stage", "k", "method", "optimizer", "lr_scaling", "seed", "epochs", "global_batch", "base_lr", "peak_lr",
            "steps_per_epoch", "best_val_top1_err", "final_val_top1_err", "seconds", "cpu_seconds", *CURVE_COLUMNS]
 
 
@@ -83,10 +85,16 @@ class Point:
     optimizer: str
     base_lr: float
     seed: int
+    tuning_epochs: int | None = None  # set: a short run that chooses the base learning rate
+
+    @property
+    def stage(self) -> str:
+        return "tune" if self.tuning_epochs else "study"
 
     @property
     def name(self) -> str:
-        return f"large-batch-k{self.k}-{self.method.replace('+', '-')}-{self.optimizer}-lr{self.base_lr:g}-seed{self.seed}"
+        return (f"large-batch-{self.stage}-k{self.k}-{self.method.replace('+', '-')}-{self.optimizer}"
+                f"-lr{self.base_lr:g}-seed{self.seed}")
 
     @property
     def lr_scaling(self) -> str:
@@ -95,22 +103,28 @@ class Point:
     def settings(self, **overrides) -> dict:
         """``TrainConfig`` overrides of this point (on top of the smoke profile)."""
         warmup = {"warmup": "none"} if self.k == 1 else WARMUP
-        return {**SETTINGS, **warmup, "optimizer": self.optimizer, "lr_scaling": self.lr_scaling,
-                "base_lr": self.base_lr, "base_batch": BASE_BATCH, "per_worker_batch": BASE_BATCH * self.k,
-                "seed": self.seed, "run_name": self.name, **overrides}
+        out = {**SETTINGS, **warmup, "optimizer": self.optimizer, "lr_scaling": self.lr_scaling,
+               "base_lr": self.base_lr, "base_batch": BASE_BATCH, "per_worker_batch": BASE_BATCH * self.k,
+               "seed": self.seed, "run_name": self.name, **overrides}
+        if self.tuning_epochs:
+            out["epochs"] = min(self.tuning_epochs, out["epochs"])
+        return out
 
 
 def tuning_points(optimizers: Iterable[str] = tuple(TUNING)) -> list[Point]:
-    """Every base learning rate of ``TUNING`` at k = 1, seed ``TUNING_SEED``."""
-    return [Point(1, "baseline", opt, lr, TUNING_SEED) for opt in optimizers for lr in TUNING[opt]]
+    """Every base learning rate of ``TUNING`` at k = 1, seed ``TUNING_SEED``, ``TUNING_EPOCHS`` epochs."""
+    return [Point(1, "baseline", opt, lr, TUNING_SEED, TUNING_EPOCHS) for opt in optimizers for lr in TUNING[opt]]
 
 
 def sweep_points(lrs: dict[str, float], ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS,
                  methods: Iterable[str] = tuple(METHODS)) -> list[Point]:
-    """The SGD baseline's other seeds (the tuning trained seed 0), then every (k, method, seed)."""
+    """Each optimizer's k = 1 baseline at its chosen rate (SGD's, the reference, with every
+    seed), then every (k, method, seed)."""
     ks, seeds, methods = list(ks), list(seeds), list(methods)
     _check(ks, methods)
-    base = [Point(1, "baseline", "sgd", lrs["sgd"], s) for s in seeds if s != TUNING_SEED]
+    optimizers = dict.fromkeys(["sgd", *(METHODS[m]["optimizer"] for m in methods)])
+    base = [Point(1, "baseline", opt, lrs[opt], s) for opt in optimizers
+            for s in (seeds if opt == "sgd" else seeds[:1])]
     return base + [Point(k, m, METHODS[m]["optimizer"], lrs[METHODS[m]["optimizer"]], s)
                    for k in ks for m in methods for s in seeds]
 
@@ -137,8 +151,8 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     cpu = time.process_time() - cpu
     val = [e["val_top1_err"] for e in result.epochs]
     train_err = [e["train_top1_err"] for e in result.epochs]
-    return {"k": point.k, "method": point.method, "optimizer": point.optimizer, "lr_scaling": point.lr_scaling,
-            "seed": point.seed, "global_batch": cfg.per_worker_batch, "base_lr": point.base_lr,
+    return {"stage": point.stage, "k": point.k, "method": point.method, "optimizer": point.optimizer, "lr_scaling": point.lr_scaling,
+            "seed": point.seed, "epochs": cfg.epochs, "global_batch": cfg.per_worker_batch, "base_lr": point.base_lr,
             "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
             "steps_per_epoch": TRAIN_SAMPLES // cfg.per_worker_batch if cfg.mnist1d_samples == SAMPLES else None,
             "best_val_top1_err": round(min(val), 3), "final_val_top1_err": round(val[-1], 3),
@@ -193,11 +207,21 @@ def provenance(argv: list[str] | None = None, jobs: int = 1) -> str:
 
 def chosen_lrs(table) -> dict[str, float]:
     """Each optimizer's base learning rate: the tuning value with the lowest best validation error."""
-    tune = table[(table["k"] == 1) & (table["seed"] == TUNING_SEED)]
+    tune = tuning(table)
     out = {}
     for opt, rows in tune.groupby("optimizer", sort=False):
         out[opt] = float(rows.sort_values(["best_val_top1_err", "base_lr"]).iloc[0]["base_lr"])
     return out
+
+
+def tuning(table):
+    """The short k = 1 runs the base learning rates were chosen by."""
+    return table[table["stage"] == "tune"]
+
+
+def full_runs(table):
+    """Every run of full length (the study proper)."""
+    return table[table["stage"] == "study"]
 
 
 def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), results_dir="results/large-batch",
@@ -226,7 +250,7 @@ def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), results_
         rows.append(row)
         with out.open("a", encoding="utf-8") as fh:
             fh.write(",".join("" if row[c] is None else str(row[c]) for c in COLUMNS) + "\n")
-        print(f"[large-batch] {len(rows)}/{total[0]} k={row['k']} {row['method']} ({row['optimizer']}, base lr "
+        print(f"[large-batch] {len(rows)}/{total[0]} {row['stage']} k={row['k']} {row['method']} ({row['optimizer']}, base lr "
               f"{row['base_lr']:g}) seed {row['seed']}: best val error {row['best_val_top1_err']:.2f} % "
               f"({row['cpu_seconds']:.0f} s CPU)", file=sys.stderr, flush=True)
 
@@ -275,6 +299,7 @@ def curves(table):
     import pandas as pd
 
     lrs = chosen_lrs(table)
+    table = full_runs(table)
     base = table[(table["k"] == 1) & (table["base_lr"] == table["optimizer"].map(lrs))]
     parts = [table[table["k"] > 1], base[base["optimizer"] == "sgd"]]
     for method, spec in METHODS.items():
