@@ -21,7 +21,7 @@ def test_points_tune_every_optimizer_then_cover_every_k_method_and_seed():
     assert len(tune) == sum(len(v) for v in lb.TUNING.values()) and {p.k for p in tune} == {1}
     assert all(p.settings()["epochs"] == lb.TUNING_EPOCHS and p.stage == "tune" for p in tune)
     rest = lb.sweep_points(LRS)
-    assert len(rest) == len(lb.SEEDS) + 2 + len(lb.KS) * len(lb.METHODS) * len(lb.SEEDS)
+    assert len(rest) == len(lb.SEEDS) + len(lb.KS) * len(lb.METHODS) * len(lb.SEEDS)
     assert all(p.settings()["epochs"] == 20 and p.stage == "study" for p in rest)
     assert max(lb.KS) * lb.BASE_BATCH >= 8192  # the bar: a global batch of at least 8192
     lars = lb.Point(256, "lars+warmup", "lars", 2.0, 0).settings()
@@ -31,6 +31,7 @@ def test_points_tune_every_optimizer_then_cover_every_k_method_and_seed():
     assert lb.Point(64, "sqrt+warmup", "sgd", 0.05, 1).settings()["lr_scaling"] == "sqrt"
     assert lb.Point(1, "baseline", "lamb", 0.004, 0).settings()["warmup"] == "none"
     # The largest k still takes 4 steps per epoch, and every k divides the training set.
+    assert lb.KS == (32, 256)
     assert lb.TRAIN_SAMPLES == 32768 and all(lb.TRAIN_SAMPLES % (k * 32) == 0 for k in lb.KS)
     assert lb.TRAIN_SAMPLES // (256 * 32) == 4
 
@@ -62,8 +63,8 @@ def test_cli_records_a_tiny_study_two_at_a_time_and_refuses_to_overwrite(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = lb.load(out)
     assert "commit " in table.attrs["source"] and "torch " in table.attrs["source"] and "timm " in table.attrs["source"]
-    # tuning: 2 + 1 + 1; baselines at the chosen rates: 3; k = 2: one per method
-    assert len(table) == 4 + 3 + 4 and len(list((tmp_path / "r").glob("*.jsonl"))) == 11
+    # tuning: 2 + 1 + 1; the SGD baseline at its chosen rate; k = 2: one per method
+    assert len(table) == 4 + 1 + 4 and len(list((tmp_path / "r").glob("*.jsonl"))) == 9
     assert (table.query("stage == 'tune'")["epochs"] == 1).all() and (table.query("stage == 'study'")["epochs"] == 2).all()
     chosen = lb.chosen_lrs(table)
     assert set(table.query("k == 2")["base_lr"]) <= set(chosen.values())

@@ -155,3 +155,28 @@ def batchnorm_spread(per_worker_batches: Sequence[int], *, global_batch: int = 1
         dev = torch.stack([((s.mean(dim=(0, 2)) - mean).abs() / std) for s in shards]).mean()
         rows.append({"per_worker_batch": b, "workers": len(shards), "relative_deviation": round(float(dev), 4)})
     return rows
+
+
+def lr_scaling_cases(k: int = 16, *, epochs: int = 1, results_dir: str | Path, base_lr: float = 0.05,
+                     base_batch: int = 32, samples: int = 4000, seed: int = 0) -> list[dict[str, Any]]:
+    """The same k-fold global batch trained three ways: the learning rate not scaled, scaled
+    once by the linear rule, and scaled twice (a base rate already multiplied by k handed to
+    code that multiplies by k again, e.g. ``lr * hvd.size()`` on top of the rule). Each row:
+    the case, the peak learning rate the run plan printed, and the run's last losses and
+    validation error."""
+    from ..config import make_config
+    from ..engine import train
+    from ..engine.plan import RunPlan
+
+    cases = {"not scaled": ("none", base_lr), "scaled once (linear rule)": ("linear", base_lr),
+             "scaled twice": ("linear", base_lr * k)}
+    rows = []
+    for case, (rule, lr) in cases.items():
+        cfg = make_config("smoke", mnist1d_samples=samples, epochs=epochs, milestones=(epochs + 1,), seed=seed,
+                          per_worker_batch=base_batch * k, base_lr=lr, base_batch=base_batch, lr_scaling=rule,
+                          results_dir=str(results_dir), run_name=f"pitfall-lr-{rule}-{lr:g}", progress=False)
+        peak = RunPlan.make(cfg, workers=1, samples_per_worker=samples).peak_lr
+        epochs_out = train(cfg).epochs
+        rows.append({"case": case, "peak_lr": round(peak, 4), "train_loss": round(epochs_out[-1]["loss"], 3),
+                     "val_top1_err": round(epochs_out[-1]["val_top1_err"], 2)})
+    return rows
