@@ -13,25 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from guide_utils.cluster.container import exec_prefix, sections
+
 REPO = Path(__file__).resolve().parents[1]
 DEF = REPO / "containers" / "guide.def"
 EXAMPLES = REPO / "slurm_examples"
 SCRIPTS = sorted(EXAMPLES.glob("[0-9][0-9]_*.sbatch"))
 PROFILE = "apptainer-example"
-
-
-def sections(text: str) -> dict[str, list[str]]:
-    """An Apptainer definition file's header and %sections, as lists of non-comment lines."""
-    out: dict[str, list[str]] = {"header": []}
-    current = "header"
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("%"):
-            current = stripped[1:].split()[0]
-            out[current] = []
-        elif stripped and not stripped.startswith("#"):
-            out[current].append(stripped)
-    return out
 
 
 def test_the_image_is_made_by_the_venvs_setup_from_the_same_pins():
@@ -73,13 +61,10 @@ def test_the_apptainer_profile_drives_every_example(script):
 
 
 def test_the_apptainer_profile_binds_scratch_and_project_and_passes_the_gpus():
-    code = (f"LOCAL_SCRATCH=/local/job42; source {EXAMPLES / 'sites' / (PROFILE + '.sh')}; "
-            "printf '%s\\n' \"$GUIDE_SOFTWARE\" \"$GUIDE_CONTAINER\" \"${GUIDE_APPTAINER_FLAGS[@]}\"")
-    out = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    software, container, *flags = out.stdout.splitlines()
-    assert software == "apptainer" and container.endswith(".sif")
-    assert flags == ["--nv", "-B", "/local/job42", "-B", "/scratch/my_project"]
+    profile = EXAMPLES / "sites" / f"{PROFILE}.sh"
+    assert "GUIDE_SOFTWARE=apptainer" in profile.read_text().splitlines()
+    assert exec_prefix(profile, local_scratch="/local/job42") == [
+        "apptainer", "exec", "--nv", "-B", "/local/job42", "-B", "/scratch/my_project", "/projappl/my_project/guide.sif"]
 
 
 @pytest.mark.slow
