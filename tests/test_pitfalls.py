@@ -93,17 +93,18 @@ def _horovod_without_pytorch(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_horovod_built_without_pytorch_is_named_by_check_build_and_the_doctor(tmp_path):
+def test_a_horovod_built_without_pytorch_is_named_by_the_doctor_not_by_check_build(tmp_path):
     if shutil.which("horovodrun", path=str(BIN)) is None:
         pytest.skip("Horovod is not installed here: run scripts/setup.sh")
     env = _env(PYTHONPATH=f"{_horovod_without_pytorch(tmp_path)}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    # Horovod 0.28.1's PyTorch binding imports without its extension (it prints a warning),
+    # and --check-build only tries the import: it still ticks PyTorch.
     check = subprocess.run([str(BIN / "horovodrun"), "--check-build"], capture_output=True, text=True, timeout=240,
                            env=env)
-    assert check.returncode == 0, check.stderr[-2000:]
-    assert "[ ] PyTorch" in check.stdout and "[X] Gloo" in check.stdout, check.stdout
-    # The doctor as every sbatch example's banner runs it (the whole guide): the TensorFlow
-    # binding still loads, so it can say which one is missing and what to do instead.
-    doctor = subprocess.run([PY, "-m", "guide_utils", "doctor"], capture_output=True, text=True, timeout=300, env=env)
+    assert check.returncode == 0 and "[X] PyTorch" in check.stdout, check.stdout + check.stderr[-2000:]
+    # The doctor looks for the operations themselves and names the fix.
+    doctor = subprocess.run([PY, "-m", "guide_utils", "doctor", "--dist", "horovod"], capture_output=True, text=True,
+                            timeout=300, env=env)
     assert doctor.returncode == 1, doctor.stdout
     assert "[ ] PyTorch" in doctor.stdout
     assert "PROBLEM: Horovod was built without PyTorch support" in doctor.stdout and "--dist ddp" in doctor.stdout

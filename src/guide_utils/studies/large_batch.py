@@ -180,6 +180,24 @@ def _train_all(pts: list[Point], results_dir, jobs: int, report, overrides: dict
             report(fut.result())
 
 
+def replay(point: Point, results_dir: str | Path, *, epochs: int = 2) -> dict:
+    """The first ``epochs`` epochs of a recorded point, trained again as the recording trained
+    it (a fresh process, one thread): its row, whose ``val_curve`` should start like the
+    record's. The schedule of the first epochs does not depend on the run's length, so they
+    are the same epochs as the full run's."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+        return pool.submit(run_point, point, results_dir, epochs=epochs).result()
+
+
+def recorded_point(table, k: int, method: str, seed: int = 0) -> tuple[Point, object]:
+    """The ``Point`` that made a recorded row of the study, and the row."""
+    row = full_runs(table).query("k == @k and method == @method and seed == @seed").iloc[0]
+    return Point(int(row["k"]), row["method"], row["optimizer"], float(row["base_lr"]), int(row["seed"])), row
+
+
 def provenance(argv: list[str] | None = None, jobs: int = 1) -> str:
     """The CSV's first line: what made it, when, on what, from which commit, with which versions."""
     from importlib.metadata import version
@@ -339,6 +357,21 @@ def format_summary(summary) -> str:
         spread = f" +- {row.std:.2f}" if row.count > 1 else ""
         lines.append(f"k={row.k:<4} {row.method:<14} {row.mean:6.2f} %{spread}  ({row.count} seed(s))")
     return "\n".join(lines)
+
+
+def cluster_commands(nodes: int = 64, gpus_per_node: int = 4, per_gpu: int = 32) -> dict[str, str]:
+    """How each method runs at ImageNet scale through the sbatch examples: 06 (Horovod, gradual
+    warmup; its array index 0 is a per-GPU batch of 32) with the method's flags. LARS and LAMB
+    need base rates tuned for the problem first (LR, B: yours to fill in)."""
+    from ..scaling import global_batch
+
+    gbatch = global_batch(per_gpu, nodes * gpus_per_node)
+    submit = (f"WARMUP=gradual slurm_examples/submit.sh slurm_examples/06_learning_rate_warmup.sbatch "
+              f"--nodes={nodes} --array=0 --")
+    flags = {"linear+warmup": "", "sqrt+warmup": " --lr-scaling sqrt",
+             "lars+warmup": " --optimizer lars --base-lr LR --base-batch B",
+             "lamb+warmup": " --optimizer lamb --lr-scaling sqrt --base-lr LR --base-batch B"}
+    return {m: f"{submit}{f}   # global batch {gbatch}" for m, f in flags.items()}
 
 
 def build_parser() -> ArgumentParser:
