@@ -109,6 +109,12 @@ def test_a_horovod_built_without_pytorch_is_named_by_the_doctor_not_by_check_bui
     assert "[ ] PyTorch" in doctor.stdout
     assert "PROBLEM: Horovod was built without PyTorch support" in doctor.stdout and "--dist ddp" in doctor.stdout
     assert "stack usable: NO" in doctor.stdout
+    # And a job that tries anyway stops with the same cause in one line, not an AttributeError.
+    train = subprocess.run([str(BIN / "horovodrun"), "-np", "1", "-H", "localhost:1", "--gloo", PY, *TRAIN,
+                            "--dist", "horovod", "--results-dir", str(tmp_path / "r")],
+                           capture_output=True, text=True, timeout=240, env=env)
+    assert train.returncode != 0 and "built without its PyTorch extension" in train.stdout + train.stderr
+    assert "AttributeError" not in train.stdout + train.stderr
 
 
 def test_a_taken_rendezvous_port_is_the_error_a_second_job_sees():

@@ -131,6 +131,9 @@ def _init_horovod() -> Dist:
     except ImportError as exc:
         raise GuideError(f"Horovod for PyTorch does not import ({exc}); run scripts/setup.sh, "
                          "or use --dist ddp, which needs no Horovod") from None
+    if not hasattr(hvd, "init"):  # imported with a warning: the compiled extension was never built
+        raise GuideError("Horovod was built without its PyTorch extension (installed before PyTorch, or without "
+                         "HOROVOD_WITH_PYTORCH=1); rebuild it with scripts/setup.sh, or use --dist ddp")
     # srun started each task itself (rather than mpirun or horovodrun under it): then the
     # step's task count is the world Horovod must see. Read before hvd.init(), which may set
     # OpenMPI's own variables.
