@@ -3,6 +3,7 @@ shows, and that the recorded numbers are what this code produces."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -68,7 +69,7 @@ def test_cli_records_a_tiny_study_two_at_a_time_and_refuses_to_overwrite(tmp_pat
     assert (table.query("stage == 'tune'")["epochs"] == 1).all() and (table.query("stage == 'study'")["epochs"] == 2).all()
     chosen = lb.chosen_lrs(table)
     assert set(table.query("k == 2")["base_lr"]) <= set(chosen.values())
-    assert all(len(lb.epoch_curve(r)) == 2 for _, r in table.iterrows())
+    assert all(len(lb.epoch_curve(r)) == r["epochs"] for _, r in table.iterrows())
     before = out.read_bytes()
     again = subprocess.run([*CLI, "run", "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
@@ -82,3 +83,37 @@ def test_malformed_or_missing_csv_is_one_line(tmp_path):
     assert proc.returncode == 2 and "lacks column" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = subprocess.run([*CLI, "summary", str(tmp_path / "missing.csv")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no large-batch results" in proc.stderr
+
+
+def test_recorded_study_is_complete_and_labelled():
+    table = lb.recorded()
+    source = table.attrs["source"]
+    assert re.search(r"commit [0-9a-f]{12};", source), "the recording must name a clean commit"
+    for needle in ("measured 20", "cores", "torch 2.14.1", "timm 1.0.31", "mnist1d 0.0.2.post1",
+                   "large-batch run --out src/guide_utils/results/recorded/large_batch_mnist1d.csv"):
+        assert needle in source
+    chosen = lb.chosen_lrs(table)
+    assert {opt: lr in lb.TUNING[opt] for opt, lr in chosen.items()} == {"sgd": True, "lars": True, "lamb": True}
+    want = {(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed)
+            for p in lb.tuning_points() + lb.sweep_points(chosen)}
+    got = {(r.stage, r.k, r.method, r.optimizer, r.base_lr, r.seed) for r in table.itertuples()}
+    assert got == want
+    study = lb.full_runs(table)
+    assert (study["epochs"] == 20).all() and (lb.tuning(table)["epochs"] == lb.TUNING_EPOCHS).all()
+    assert (study["steps_per_epoch"] == lb.TRAIN_SAMPLES // study["global_batch"]).all()
+    k = study["global_batch"] / 32
+    rule = study["lr_scaling"].map({"linear": 1.0, "sqrt": 0.5})
+    assert ((study["peak_lr"] - study["base_lr"] * k ** rule).abs() < 1e-5).all()
+    assert all(len(lb.epoch_curve(r)) == 20 for _, r in study.iterrows())
+
+
+@pytest.mark.slow
+def test_a_recorded_point_starts_as_recorded(tmp_path):
+    """One recorded point trained again for its first two epochs (the same epochs as the full
+    run's: the schedule does not depend on the run's length), as the recording trained it.
+    Same CPU type: identical; elsewhere summation order may move a few samples (0.5 points)."""
+    point, row = lb.recorded_point(lb.recorded(), 32, "sqrt+warmup", seed=1)
+    again = lb.replay(point, tmp_path, epochs=2)
+    assert again["global_batch"] == 1024 and again["peak_lr"] == pytest.approx(row["peak_lr"])
+    assert lb.epoch_curve(again) == pytest.approx(lb.epoch_curve(row)[:2], abs=0.5)
+    assert lb.epoch_curve(again, "train_curve") == pytest.approx(lb.epoch_curve(row, "train_curve")[:2], abs=0.5)

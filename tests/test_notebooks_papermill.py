@@ -27,6 +27,10 @@ EXPECTED = {
     "05_linear_scaling_rule": ["32 worker(s) x 128 = global batch 4096; lr 1.6 (linear rule), no warmup"],
     "06_learning_rate_warmup": ["8 worker(s) x 128 = global batch 1024; lr 0.4 (linear rule), stepping warmup 5 epochs"],
     "07_per_worker_batch_size": ["32 worker(s) x 32 = global batch 1024; lr 0.4 (linear rule), stepping warmup 5"],
+    "13_beyond_linear_scaling": ["06_learning_rate_warmup.sbatch --nodes=64 --array=0 -- --optimizer lars",
+                                 "--optimizer lamb --lr-scaling sqrt", "global batch 8192"],
+    "14_pitfalls": ["every pitfall is reproduced at laptop scale", "--kill-on-bad-exit=1"],
+    "15_containers": ["--gpus-per-node=4", "apptainer exec --nv -B"],
 }
 
 
