@@ -30,6 +30,10 @@ EXPECTED = {
     # engines as a Slurm job: 8 of them, one per GPU, with the batch script the site profile gives
     "09_interactive_ipyparallel": ['EngineCluster(n=8, engines="slurm")', "resnet50 on synthetic; 8 worker(s) x 128 "
                                    "= global batch 1024; lr 0.4 (linear rule)", "#SBATCH --ntasks=8", "guide_software"],
+    "13_beyond_linear_scaling": ["06_learning_rate_warmup.sbatch --nodes=64 --array=0 -- --optimizer lars",
+                                 "--optimizer lamb --lr-scaling sqrt", "global batch 8192"],
+    "14_pitfalls": ["every pitfall is reproduced at laptop scale", "--kill-on-bad-exit=1"],
+    "15_containers": ["--gpus-per-node=4", "apptainer exec --nv -B"],
 }
 
 

@@ -62,7 +62,7 @@ class Dist:
         elif self.kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            ids = [self.local_rank] if self.device is not None and self.device.type == "cuda" else None
+            ids = [self.device.index] if self.device is not None and self.device.type == "cuda" else None
             # broadcasts rank 0's weights
             model = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_mb)
             if fp16_allreduce:
@@ -114,12 +114,20 @@ class Dist:
 
 
 def _pick_device(local_rank: int):
+    """This rank's device: its own GPU when there are GPUs, else the CPU.
+
+    >>> _pick_device(0).type in ("cpu", "cuda")
+    True
+    """
     import torch
 
     if torch.cuda.is_available():
-        # One process per GPU: without this every rank on a node would allocate on GPU 0.
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        # One process per GPU: without set_device every rank on a node would allocate on GPU 0.
+        # A task that sees only its own GPU (srun --gpus-per-task or --gpu-bind, which set
+        # CUDA_VISIBLE_DEVICES per task) finds it as GPU 0 whatever its local rank.
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -136,6 +144,9 @@ def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float
     except ImportError as exc:
         raise GuideError(f"Horovod for PyTorch does not import ({exc}); run scripts/setup.sh, "
                          "or use --dist ddp, which needs no Horovod") from None
+    if not hasattr(hvd, "init"):  # imported with a warning: the compiled extension was never built
+        raise GuideError("Horovod was built without its PyTorch extension (installed before PyTorch, or without "
+                         "HOROVOD_WITH_PYTORCH=1); rebuild it with scripts/setup.sh, or use --dist ddp")
     # srun started each task itself (rather than mpirun or horovodrun under it): then the
     # step's task count is the world Horovod must see. Read before hvd.init(), which may set
     # OpenMPI's own variables.

@@ -74,6 +74,7 @@ def _train(cfg: TrainConfig, dist) -> RunResult:
     model = _model(cfg, bundle, dist.device)
     loaders = _Loaders(cfg, bundle, dist)
     plan = RunPlan.make(cfg, workers=dist.size, samples_per_worker=len(loaders.sampler), data_name=describe(bundle))
+    plan.check_ranks_agree(dist.allgather_object)  # a disagreement would hang the job at the first epoch's end
     st = run_state.build(cfg, plan, model, dist, data_name=bundle.name, num_classes=bundle.num_classes)
     book = RunBook(cfg, plan, framework="pytorch", prefix="[train]", is_root=dist.is_root, data=describe(bundle),
                    environment=lambda: _environment(dist), run_name=st.run_name, resume=st.loaded is not None,

@@ -58,6 +58,22 @@ class RunPlan:
         lr_at(0.0, **schedule)  # an impossible schedule fails here, before any work
         return cls(workers, cfg.per_worker_batch, gbatch, cfg.lr_scaling, peak, steps, cfg.epochs, schedule)
 
+    def check_ranks_agree(self, allgather_object) -> None:
+        """Fail on every rank, before the first step, if the ranks planned different numbers of
+        steps per epoch (each computes its own from the data it sees). Otherwise the rank that
+        finishes an epoch first moves on to its next collective while the others still wait for
+        its gradients: a job that hangs until the backend's timeout, or for ever.
+
+        ``allgather_object`` is the backend's (``Dist.allgather_object``): every rank's value.
+        """
+        steps = allgather_object(self.steps_per_epoch)
+        if len(set(steps)) > 1:
+            per_rank = ", ".join(f"rank {r}: {s}" for r, s in enumerate(steps))
+            raise GuideError(f"the ranks planned different numbers of steps per epoch ({per_rank}), so they would "
+                             "wait for each other's gradients for ever; every rank must see the same data (the same "
+                             "--data with a complete copy on every node, the same --mnist1d-samples and "
+                             "--max-steps-per-epoch)")
+
     def lr_at(self, epoch: float) -> float:
         """The learning rate at (fractional) ``epoch``."""
         return lr_at(epoch, **self.schedule)

@@ -12,7 +12,8 @@ import platform
 from pathlib import Path
 
 METHOD_STYLE = {"baseline": ("k", "--"), "naive": ("tab:red", "o-"), "linear": ("tab:orange", "s-"),
-                "linear+warmup": ("tab:green", "^-")}
+                "linear+warmup": ("tab:green", "^-"), "sqrt+warmup": ("tab:purple", "v-"),
+                "lars+warmup": ("tab:blue", "D-"), "lamb+warmup": ("tab:brown", "P-")}
 
 
 def hardware_label() -> str:

@@ -1,0 +1,31 @@
+# shellcheck shell=bash disable=SC2034  # every value is read by slurm_examples/lib/guide.sh
+# Every sbatch example through the guide's Apptainer image (containers/guide.def; book
+# chapter 15) on a GPU cluster with node-local scratch. Build the image once, anywhere
+# Apptainer runs, and copy it to the cluster:
+#   apptainer build guide.sif containers/guide.def
+# The job scripts stay on the host (srun, the dataset staging); only the commands that need
+# the guide's stack (python, horovodrun, torchrun) run inside the image. Placeholders:
+# replace them with your centre's values.
+GUIDE_ACCOUNT="my_project"
+GUIDE_PARTITION=gpu
+GUIDE_TASKS_PER_NODE=4
+GUIDE_CPUS_PER_TASK=8
+GUIDE_GPU_REQUEST="--gpus-per-node=%d"
+GUIDE_SCRATCH=$LOCAL_SCRATCH  # node-local disk (the dataset is staged there)
+GUIDE_SOFTWARE=apptainer
+GUIDE_CONTAINER=/projappl/my_project/guide.sif
+# --nv: the host's NVIDIA driver inside the image. -B: the directories a job reads and writes
+# besides the ones Apptainer binds by default ($HOME, the current directory, /tmp): the
+# node-local scratch with the staged dataset, and the project directory with the archive,
+# the results and the checkpoints. A path not bound is simply not there inside the image.
+GUIDE_APPTAINER_FLAGS=(--nv -B "$LOCAL_SCRATCH" -B /scratch/my_project)
+GUIDE_DATASET_ARCHIVE=/scratch/my_project/datasets/ilsvrc2012.tar
+GUIDE_DATASET_NAME=ilsvrc2012
+GUIDE_TRAIN_PROFILE=full
+GUIDE_TRAIN_ARGS=(--amp bf16 --channels-last)
+# Horovod over MPI: srun starts one image per task and the image's Open MPI 4.1 (Debian 12's,
+# with PMIx) joins srun's PMIx server: the "hybrid model", which works when the host's Slurm
+# PMIx and the image's are compatible (`srun --mpi=list`; ask your centre). If they are not,
+# run the DDP examples (DIST=ddp: no MPI at all) or Horovod over Gloo (horovodrun).
+GUIDE_SRUN_MPI=pmix
+GUIDE_SBATCH_EXTRA=()

@@ -1,0 +1,75 @@
+"""The guide's Apptainer image (``containers/guide.def``) and the site profile that runs the
+sbatch examples through it (``slurm_examples/sites/apptainer-example.sh``): reading them,
+and measuring what a container saves at start-up (chapter 15).
+
+>>> sections("Bootstrap: docker\\nFrom: debian:12\\n%post\\n    # set up\\n    make\\n")
+{'header': ['Bootstrap: docker', 'From: debian:12'], 'post': ['make']}
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+DEFINITION = REPO / "containers" / "guide.def"
+PROFILE = REPO / "slurm_examples" / "sites" / "apptainer-example.sh"
+
+
+def sections(text: str) -> dict[str, list[str]]:
+    """An Apptainer definition file's header and ``%sections``, as lists of non-comment lines."""
+    out: dict[str, list[str]] = {"header": []}
+    current = "header"
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("%"):
+            current = stripped[1:].split()[0]
+            out[current] = []
+        elif stripped and not stripped.startswith("#"):
+            out[current].append(stripped)
+    return out
+
+
+def runtime() -> str | None:
+    """The Apptainer (or SingularityCE) on the PATH, or None."""
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def exec_prefix(profile: Path = PROFILE, *, local_scratch: str = "/local/scratch") -> list[str]:
+    """What a job with ``profile`` puts before every command that needs the guide's stack:
+    ``apptainer exec FLAGS IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set)."""
+    code = (f"source {profile}; printf '%s\\n' \"$GUIDE_CONTAINER\" "
+            "\"${GUIDE_APPTAINER_FLAGS[@]}\"")
+    out = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=30, check=True,
+                         env={**os.environ, "LOCAL_SCRATCH": local_scratch})
+    container, *flags = out.stdout.splitlines()
+    return ["apptainer", "exec", *flags, container]
+
+
+def import_footprint(modules: tuple[str, ...] = ("torch", "torchvision", "timm", "guide_utils.engine")) -> dict:
+    """What starting the training costs a Python process before it computes anything: the
+    modules it imports and how long that takes (in a fresh interpreter), and how many files
+    the environment they come from holds. On a parallel filesystem every rank of a job
+    looks those files up; in an image they are one file per node."""
+    code = ("import sys, time; t = time.perf_counter(); "
+            + "; ".join(f"import {m}" for m in modules)
+            + "; print(len(sys.modules), time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    loaded, seconds = out.stdout.split()
+    prefix = Path(sys.prefix)
+    files = size = 0
+    start = time.perf_counter()
+    for root, _, names in os.walk(prefix / "lib"):
+        for name in names:
+            files += 1
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return {"modules": int(loaded), "import_seconds": round(float(seconds), 2), "env_files": files,
+            "env_gib": round(size / 2**30, 2), "walk_seconds": round(time.perf_counter() - start, 2),
+            "environment": str(prefix)}

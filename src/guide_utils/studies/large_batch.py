@@ -1,0 +1,411 @@
+"""Past the linear rule: which rule or optimizer still trains at a global batch of 8192?
+
+The thesis stopped at a global batch of 4096 and named what lies beyond: an upper bound
+near 8k for the linear rule (Goyal et al. 2017) and layer-wise adaptive optimizers for
+larger batches. This study trains MNIST-1D's small CNN at scaling factors k up to 256
+(global batch k x 32 = 8192) four ways, each with a 5-epoch gradual warmup from the k = 1
+learning rate, several seeds each:
+
+* ``linear+warmup``: SGD, learning rate x k (Goyal et al. 2017; chapters 5 and 6);
+* ``sqrt+warmup``: SGD, learning rate x sqrt(k) (Krizhevsky 2014; Hoffer et al. 2017);
+* ``lars+warmup``: LARS, learning rate x k (You, Gitman and Ginsburg 2017);
+* ``lamb+warmup``: LAMB, learning rate x sqrt(k), the rule its paper uses (You et al. 2020).
+
+Each optimizer's base learning rate (at batch 32) is chosen by the command itself, not by
+hand: every value in ``TUNING`` is trained at k = 1 with seed 0 for the first
+``TUNING_EPOCHS`` epochs (a quarter of a run, before any decay), and the one with the lowest
+best validation error is kept. Those short runs are rows of the recorded table (``stage``
+``tune``), so the choice can be checked (``chosen_lrs``). The grids differ because the optimizers' learning rates mean
+different things: SGD's multiplies the gradient; LARS's (timm, trust coefficient 0.001)
+multiplies ``0.001 x |w| / |g|`` per layer, so its values are tens of times SGD's; LAMB's is
+the size of each layer's step relative to its weights, Adam-like, so a few 1e-3. Each grid
+is a factor of 2 either side of the value a short exploration found best (6 epochs, 20,000
+samples, k = 1: LARS 0.5 / 2 / 8 gave 4.3 / 1.8 / 3.3 % error, LAMB 0.001 / 0.004 / 0.016
+gave 5.6 / 2.4 / 10.9 %); SGD's around the 0.05 at batch 32 that chapters 4-6 use. The full
+k = 1 run of SGD at its chosen rate, with every seed, is the baseline every method is
+measured against.
+
+Data: 40,960 MNIST-1D samples, of which 32,768 (2^15) train, so every k divides the
+training set: k = 256 gets 4 optimizer steps per epoch, 80 in 20 epochs (20 of them in
+warmup), k = 128 twice that. The 20,000-sample sweep of chapters 4-6 would leave k = 256
+one step per epoch, too few for a warmup to ramp over. Twice the samples (8 steps per
+epoch) would double the cost, which is what this study had to fit into: the machine it
+was recorded on is two CPU cores shared with other work, about twenty minutes of CPU for
+the whole study (the ``cpu_seconds`` column). For the same reason it has two values of k,
+the thesis's 32 GPUs (global batch 1024) and Goyal et al.'s upper bound (8192), two seeds,
+short tuning runs, and full k = 1 runs for SGD only (LARS and LAMB at k = 1 are their
+tuning runs). ``--ks 32 128 256`` adds the thesis's largest global batch (4096).
+
+``python -m guide_utils large-batch run --out FILE.csv [--jobs 2]`` trains the tuning runs,
+then every point, appending one row per run as it finishes (``--jobs`` runs that many at a
+time, one thread each). ``summary FILE.csv`` prints means and spreads. The CSV's first line
+says when, on what, from which commit and with which versions it was made.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ..cli import ArgumentParser, one_line_errors
+from ..errors import GuideError
+from .experiments import SMOKE_BATCH as BASE_BATCH
+from .experiments import SMOKE_QUALITY
+
+PROG = "python -m guide_utils large-batch"
+SAMPLES = 40_960
+TRAIN_SAMPLES = int(SAMPLES * 0.8)  # MNIST-1D's own split: 32,768
+SETTINGS = {**SMOKE_QUALITY, "mnist1d_samples": SAMPLES, "progress": False}
+WARMUP = {"warmup": "gradual", "warmup_epochs": 5, "warmup_start_batch": BASE_BATCH}
+METHODS = {"linear+warmup": {"optimizer": "sgd", "lr_scaling": "linear"},
+           "sqrt+warmup": {"optimizer": "sgd", "lr_scaling": "sqrt"},
+           "lars+warmup": {"optimizer": "lars", "lr_scaling": "linear"},
+           "lamb+warmup": {"optimizer": "lamb", "lr_scaling": "sqrt"}}
+# Base learning rates tried at k = 1 (batch 32); see the module doc for the centres.
+TUNING = {"sgd": (0.025, 0.05, 0.1), "lars": (1.0, 2.0, 4.0), "lamb": (0.002, 0.004, 0.008)}
+TUNING_SEED = 0
+TUNING_EPOCHS = 5
+KS = (32, 256)
+SEEDS = (0, 1)
+CURVE_COLUMNS = ("val_curve", "train_curve")
+COLUMNS = ["stage", "k", "method", "optimizer", "lr_scaling", "seed", "epochs", "global_batch", "base_lr", "peak_lr",
+           "steps_per_epoch", "best_val_top1_err", "final_val_top1_err", "seconds", "cpu_seconds", *CURVE_COLUMNS]
+
+
+@dataclass(frozen=True)
+class Point:
+    k: int
+    method: str  # "baseline" at k = 1 (any rule gives the base rate there)
+    optimizer: str
+    base_lr: float
+    seed: int
+    tuning_epochs: int | None = None  # set: a short run that chooses the base learning rate
+
+    @property
+    def stage(self) -> str:
+        return "tune" if self.tuning_epochs else "study"
+
+    @property
+    def name(self) -> str:
+        return (f"large-batch-{self.stage}-k{self.k}-{self.method.replace('+', '-')}-{self.optimizer}"
+                f"-lr{self.base_lr:g}-seed{self.seed}")
+
+    @property
+    def lr_scaling(self) -> str:
+        return "linear" if self.method == "baseline" else METHODS[self.method]["lr_scaling"]
+
+    def settings(self, **overrides) -> dict:
+        """``TrainConfig`` overrides of this point (on top of the smoke profile)."""
+        warmup = {"warmup": "none"} if self.k == 1 else WARMUP
+        out = {**SETTINGS, **warmup, "optimizer": self.optimizer, "lr_scaling": self.lr_scaling,
+               "base_lr": self.base_lr, "base_batch": BASE_BATCH, "per_worker_batch": BASE_BATCH * self.k,
+               "seed": self.seed, "run_name": self.name, **overrides}
+        if self.tuning_epochs:
+            out["epochs"] = min(self.tuning_epochs, out["epochs"])
+        return out
+
+
+def tuning_points(optimizers: Iterable[str] = tuple(TUNING)) -> list[Point]:
+    """Every base learning rate of ``TUNING`` at k = 1, seed ``TUNING_SEED``, ``TUNING_EPOCHS`` epochs."""
+    return [Point(1, "baseline", opt, lr, TUNING_SEED, TUNING_EPOCHS) for opt in optimizers for lr in TUNING[opt]]
+
+
+def sweep_points(lrs: dict[str, float], ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS,
+                 methods: Iterable[str] = tuple(METHODS)) -> list[Point]:
+    """The SGD baseline at k = 1 and its chosen rate, every seed; then every (k, method, seed)."""
+    ks, seeds, methods = list(ks), list(seeds), list(methods)
+    _check(ks, methods)
+    base = [Point(1, "baseline", "sgd", lrs["sgd"], s) for s in seeds]
+    return base + [Point(k, m, METHODS[m]["optimizer"], lrs[METHODS[m]["optimizer"]], s)
+                   for k in ks for m in methods for s in seeds]
+
+
+def _check(ks: list[int], methods: list[str]) -> None:
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise GuideError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
+    if any(k < 2 or TRAIN_SAMPLES // (BASE_BATCH * k) < 1 for k in ks):
+        raise GuideError(f"--ks must be 2 to {TRAIN_SAMPLES // BASE_BATCH} (k = 1 is the baseline, always "
+                         f"included; larger k leaves no full batch of {TRAIN_SAMPLES} samples), got {ks}")
+
+
+def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
+    """Train one point through the engine; its row of the results table (see ``COLUMNS``)."""
+    from ..config import make_config
+    from ..engine import train
+    from ..scaling import scaled_lr
+
+    cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))
+    cfg.extra = {"large_batch": asdict(point)}
+    cpu = time.process_time()
+    result = train(cfg)
+    cpu = time.process_time() - cpu
+    val = [e["val_top1_err"] for e in result.epochs]
+    train_err = [e["train_top1_err"] for e in result.epochs]
+    return {"stage": point.stage, "k": point.k, "method": point.method, "optimizer": point.optimizer, "lr_scaling": point.lr_scaling,
+            "seed": point.seed, "epochs": cfg.epochs, "global_batch": cfg.per_worker_batch, "base_lr": point.base_lr,
+            "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
+            "steps_per_epoch": TRAIN_SAMPLES // cfg.per_worker_batch if cfg.mnist1d_samples == SAMPLES else None,
+            "best_val_top1_err": round(min(val), 3), "final_val_top1_err": round(val[-1], 3),
+            "seconds": round(sum(e["seconds"] for e in result.epochs), 1), "cpu_seconds": round(cpu, 1),
+            "val_curve": " ".join(f"{v:.3f}" for v in val), "train_curve": " ".join(f"{v:.3f}" for v in train_err)}
+
+
+def _one_thread() -> None:
+    # Runs side by side share the cores: one thread each (the engine keeps OMP_NUM_THREADS).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _train_all(pts: list[Point], results_dir, jobs: int, report, overrides: dict):
+    """Train ``pts`` (``jobs`` at a time), calling ``report(row)`` as each finishes."""
+    if jobs == 1:
+        for p in pts:
+            report(run_point(p, results_dir, **overrides))
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+        for fut in as_completed([pool.submit(run_point, p, results_dir, **overrides) for p in pts]):
+            report(fut.result())
+
+
+def replay(point: Point, results_dir: str | Path, *, epochs: int = 2) -> dict:
+    """The first ``epochs`` epochs of a recorded point, trained again as the recording trained
+    it (a fresh process, one thread): its row, whose ``val_curve`` should start like the
+    record's. The schedule of the first epochs does not depend on the run's length, so they
+    are the same epochs as the full run's."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
+        return pool.submit(run_point, point, results_dir, epochs=epochs).result()
+
+
+def recorded_point(table, k: int, method: str, seed: int = 0) -> tuple[Point, object]:
+    """The ``Point`` that made a recorded row of the study, and the row."""
+    row = full_runs(table).query("k == @k and method == @method and seed == @seed").iloc[0]
+    return Point(int(row["k"]), row["method"], row["optimizer"], float(row["base_lr"]), int(row["seed"])), row
+
+
+def provenance(argv: list[str] | None = None, jobs: int = 1) -> str:
+    """The CSV's first line: what made it, when, on what, from which commit, with which versions."""
+    from importlib.metadata import version
+
+    from ..results.plots import hardware_label
+
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        commit, dirty = "", ""
+    commit = (commit + (" with uncommitted changes" if dirty else "")) if commit else "unknown (not a git checkout)"
+    versions = ", ".join(f"{p} {version(p)}" for p in ("torch", "timm", "mnist1d", "numpy"))
+    command = " ".join([PROG, *(argv or [])])
+    threads = "1 thread per run" if jobs > 1 else f"{os.environ.get('OMP_NUM_THREADS', 'default')} threads"
+    return (f"MNIST-1D large-batch sweep ({command}); measured {_dt.date.today().isoformat()} on "
+            f"{hardware_label()}; {jobs} run(s) at a time, {threads}; commit {commit}; "
+            f"Python {platform.python_version()}, {versions}")
+
+
+def chosen_lrs(table) -> dict[str, float]:
+    """Each optimizer's base learning rate: the tuning value with the lowest best validation error."""
+    tune = tuning(table)
+    out = {}
+    for opt, rows in tune.groupby("optimizer", sort=False):
+        out[opt] = float(rows.sort_values(["best_val_top1_err", "base_lr"]).iloc[0]["base_lr"])
+    return out
+
+
+def tuning(table):
+    """The short k = 1 runs the base learning rates were chosen by."""
+    return table[table["stage"] == "tune"]
+
+
+def full_runs(table):
+    """Every run of full length (the study proper)."""
+    return table[table["stage"] == "study"]
+
+
+def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), results_dir="results/large-batch",
+        jobs: int = 1, argv: list[str] | None = None, overrides: dict | None = None):
+    """Tune at k = 1, then train every point; rows are appended to ``out`` (never overwritten).
+    ``overrides`` change the settings of every run (tests shrink the problem with them)."""
+    import pandas as pd
+
+    ks, seeds, methods = list(ks), list(seeds), list(methods)
+    _check(ks, methods)
+    if TUNING_SEED not in seeds:
+        raise GuideError(f"--seeds must include {TUNING_SEED}, the seed the k = 1 tuning runs use")
+    out = Path(out)
+    if out.exists():
+        raise GuideError(f"{out} already exists; choose another --out (results are never overwritten)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("x", encoding="utf-8") as fh:
+        fh.write(f"# {provenance(argv, jobs)}\n{','.join(COLUMNS)}\n")
+    rows: list[dict] = []
+    # SGD always: its k = 1 baseline is the reference every method is measured against.
+    optimizers = list(dict.fromkeys(["sgd", *(METHODS[m]["optimizer"] for m in methods)]))
+    tuning = tuning_points(optimizers)
+    total = [len(tuning)]
+
+    def report(row: dict) -> None:
+        rows.append(row)
+        with out.open("a", encoding="utf-8") as fh:
+            fh.write(",".join("" if row[c] is None else str(row[c]) for c in COLUMNS) + "\n")
+        print(f"[large-batch] {len(rows)}/{total[0]} {row['stage']} k={row['k']} {row['method']} ({row['optimizer']}, base lr "
+              f"{row['base_lr']:g}) seed {row['seed']}: best val error {row['best_val_top1_err']:.2f} % "
+              f"({row['cpu_seconds']:.0f} s CPU)", file=sys.stderr, flush=True)
+
+    _train_all(tuning, results_dir, jobs, report, overrides or {})
+    lrs = chosen_lrs(pd.DataFrame(rows, columns=COLUMNS))
+    rest = sweep_points(lrs, ks, seeds, methods)
+    total[0] += len(rest)
+    _train_all(rest, results_dir, jobs, report, overrides or {})
+    return load(out)
+
+
+def load(path: str | Path):
+    """A CSV written by ``run``; ``.attrs['source']`` keeps its first line."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        raise GuideError(f"no large-batch results at {path}; run `{PROG} run --out {path}` first")
+    with path.open(encoding="utf-8") as fh:
+        source = fh.readline().lstrip("# ").strip()
+        try:
+            table = pd.read_csv(fh, dtype={c: str for c in CURVE_COLUMNS})
+        except Exception as exc:  # noqa: BLE001 - any parse failure is one message
+            raise GuideError(f"{path} is not a large-batch CSV ({exc}); rerun `{PROG} run`") from None
+    missing = set(COLUMNS) - set(table.columns)
+    if missing:
+        raise GuideError(f"{path} lacks column(s) {', '.join(sorted(missing))}; it was not written by `{PROG} run`")
+    table.attrs["source"] = source
+    return table
+
+
+RECORDED = "large_batch_mnist1d.csv"
+
+
+def recorded():
+    """The sweep chapter 13 shows, run once with the defaults and committed (see its first line)."""
+    from importlib import resources
+
+    return load(resources.files("guide_utils.results") / "recorded" / RECORDED)
+
+
+def curves(table):
+    """Every run of the study proper, one row per seed. The SGD baseline appears as method
+    ``baseline`` (the figures draw it as a band) and as the k = 1 point of the methods that
+    train with SGD (``method`` relabelled)."""
+    import pandas as pd
+
+    lrs = chosen_lrs(table)
+    table = full_runs(table)
+    base = table[(table["k"] == 1) & (table["base_lr"] == table["optimizer"].map(lrs))]
+    parts = [table[table["k"] > 1], base[base["optimizer"] == "sgd"]]
+    for method, spec in METHODS.items():
+        if (table["method"] == method).any():
+            parts.append(base[base["optimizer"] == spec["optimizer"]].assign(method=method))
+    return pd.concat(parts, ignore_index=True)
+
+
+def summarise(table, metric: str = "best_val_top1_err"):
+    """Mean, standard deviation and count per (k, method) of ``curves(table)``."""
+    g = curves(table).groupby(["k", "method"], sort=False)[metric]
+    out = g.agg(["mean", "std", "count"]).reset_index().sort_values(["method", "k"], kind="stable")
+    out[["mean", "std"]] = out[["mean", "std"]].round(2)
+    return out.reset_index(drop=True)
+
+
+def epoch_curve(row, column: str = "val_curve") -> list[float]:
+    """A row's per-epoch errors (``val_curve`` or ``train_curve``) as numbers."""
+    return [float(v) for v in str(row[column]).split()]
+
+
+def breaking_point(summary, method: str, *, tolerance: float) -> int | None:
+    """The smallest k at which ``method``'s mean error exceeds the k = 1 SGD baseline's by more
+    than ``tolerance`` points (None: it never does)."""
+    base = float(summary[(summary["method"] == "baseline")]["mean"].iloc[0])
+    rows = summary[(summary["method"] == method) & (summary["k"] > 1)].sort_values("k")
+    worse = rows[rows["mean"] > base + tolerance]
+    return int(worse["k"].iloc[0]) if not worse.empty else None
+
+
+def cpu_hours(table) -> float:
+    return float(table["cpu_seconds"].sum()) / 3600
+
+
+def format_summary(summary) -> str:
+    """One line per (k, method): mean +- standard deviation (n seeds)."""
+    lines = []
+    for row in summary.itertuples():
+        spread = f" +- {row.std:.2f}" if row.count > 1 else ""
+        lines.append(f"k={row.k:<4} {row.method:<14} {row.mean:6.2f} %{spread}  ({row.count} seed(s))")
+    return "\n".join(lines)
+
+
+def cluster_commands(nodes: int = 64, gpus_per_node: int = 4, per_gpu: int = 32) -> dict[str, str]:
+    """How each method runs at ImageNet scale through the sbatch examples: 06 (Horovod, gradual
+    warmup; its array index 0 is a per-GPU batch of 32) with the method's flags. LARS and LAMB
+    need base rates tuned for the problem first (LR, B: yours to fill in)."""
+    from ..scaling import global_batch
+
+    gbatch = global_batch(per_gpu, nodes * gpus_per_node)
+    submit = (f"WARMUP=gradual slurm_examples/submit.sh slurm_examples/06_learning_rate_warmup.sbatch "
+              f"--nodes={nodes} --array=0 --")
+    flags = {"linear+warmup": "", "sqrt+warmup": " --lr-scaling sqrt",
+             "lars+warmup": " --optimizer lars --base-lr LR --base-batch B",
+             "lamb+warmup": " --optimizer lamb --lr-scaling sqrt --base-lr LR --base-batch B"}
+    return {m: f"{submit}{f}   # global batch {gbatch}" for m, f in flags.items()}
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="tune the base learning rates at k = 1, then train every point")
+    r.add_argument("--out", required=True, help="CSV of the results (must not exist yet)")
+    r.add_argument("--ks", type=int, nargs="+", default=list(KS), help="scaling factors (default: 32 256)")
+    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 1)")
+    r.add_argument("--methods", nargs="+", default=list(METHODS), help=", ".join(METHODS))
+    r.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each (default: 1)")
+    r.add_argument("--results-dir", default="results/large-batch", help="where the run records go")
+    s = sub.add_parser("summary", help="means and spreads of a large-batch CSV")
+    s.add_argument("csv")
+    return p
+
+
+@one_line_errors(PROG)
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.command == "summary":
+        table = load(args.csv)
+    else:
+        if not 1 <= args.jobs <= (os.cpu_count() or 1):
+            raise GuideError(f"--jobs must be 1 to {os.cpu_count()} (one core per run), got {args.jobs}")
+        table = run(args.out, ks=args.ks, seeds=args.seeds, methods=args.methods, results_dir=args.results_dir,
+                    jobs=args.jobs, argv=argv)
+    print(table.attrs["source"])
+    print(f"base learning rates chosen at k = 1: {chosen_lrs(table)}; {len(table)} runs, "
+          f"{cpu_hours(table):.2f} CPU-hours")
+    print(format_summary(summarise(table)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

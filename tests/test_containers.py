@@ -1,0 +1,84 @@
+"""Chapter 15's container recipe and site profile, tested as far as a machine without
+Apptainer allows: the image is built by the venv's own set-up from the same pins, and the
+profile drives every sbatch example. Building and running the image needs Apptainer
+(not in Debian 12, nor on PyPI or npm): that test runs only where it is installed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from guide_utils.cluster.container import exec_prefix, sections
+
+REPO = Path(__file__).resolve().parents[1]
+DEF = REPO / "containers" / "guide.def"
+EXAMPLES = REPO / "slurm_examples"
+SCRIPTS = sorted(EXAMPLES.glob("[0-9][0-9]_*.sbatch"))
+PROFILE = "apptainer-example"
+
+
+def test_the_image_is_made_by_the_venvs_setup_from_the_same_pins():
+    """The package set inside the image is the lock's: the recipe copies requirements.txt
+    and requirements.lock and runs scripts/setup.sh, whose every pip install is constrained
+    by the lock (the same command made this venv, which test_lock checks equals the lock);
+    nothing else is pip-installed."""
+    s = sections(DEF.read_text())
+    assert s["header"][:2] == ["Bootstrap: docker", "From: python:3.11-slim-bookworm"]  # Debian 12, CPython 3.11
+    copied = dict(line.split() for line in s["files"])
+    for path in ("requirements.txt", "requirements.lock", "pyproject.toml", "scripts", "src"):
+        assert copied.get(path) == f"/opt/guide/{path}", f"{path} must be copied to /opt/guide/{path}"
+        assert (REPO / path).exists()
+    post = "\n".join(s["post"])
+    assert re.search(r"^VENV=/opt/guide/venv PYTHON=python3\.11 scripts/setup\.sh$", post, re.M)
+    assert "pip" not in post, "packages come from scripts/setup.sh and the lock only"
+    installs = [ln for ln in (REPO / "scripts" / "setup.sh").read_text().splitlines()
+                if re.match(r"\s*pip_install ", ln)]
+    assert installs and all("-c requirements.lock" in ln or "--no-deps -e ." in ln for ln in installs), installs
+    assert any("-r requirements.txt -c requirements.lock" in ln for ln in installs)
+    assert "export PATH=/opt/guide/venv/bin:$PATH" in s["environment"]
+    assert any("horovodrun --check-build" in ln for ln in s["test"])
+
+
+def _dry_run(script: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GUIDE_SITE": PROFILE}
+    return subprocess.run([str(EXAMPLES / "submit.sh"), "--dry-run", str(script), *extra], env=env,
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_the_apptainer_profile_drives_every_example(script):
+    out = _dry_run(script)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith("sbatch ") and line.split()[-1].endswith(f"slurm_examples/{script.name}")
+    assert "--account=my_project --partition=gpu --cpus-per-task=8 --gpus-per-node=" in line
+    assert f"GUIDE_SITE={PROFILE}" in line
+
+
+def test_the_apptainer_profile_binds_scratch_and_project_and_passes_the_gpus():
+    profile = EXAMPLES / "sites" / f"{PROFILE}.sh"
+    assert "GUIDE_SOFTWARE=apptainer" in profile.read_text().splitlines()
+    assert exec_prefix(profile, local_scratch="/local/job42") == [
+        "apptainer", "exec", "--nv", "-B", "/local/job42", "-B", "/scratch/my_project", "/projappl/my_project/guide.sif"]
+
+
+@pytest.mark.slow
+def test_the_image_builds_and_trains_one_smoke_epoch(tmp_path):
+    runtime = shutil.which("apptainer") or shutil.which("singularity")
+    if runtime is None:
+        pytest.skip("no Apptainer/SingularityCE here: not in Debian 12's archive, on PyPI or npm (chapter 15 "
+                    "says what was not run); this test builds and runs the image where one is installed")
+    image = tmp_path / "guide.sif"
+    build = subprocess.run([runtime, "build", "--fakeroot", str(image), str(DEF)], cwd=REPO, capture_output=True,
+                           text=True, timeout=3600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([runtime, "exec", "-B", str(tmp_path), str(image), "python", "-m", "guide_utils.train",
+                          "--profile", "smoke", "--epochs", "1", "--no-progress", "--results-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(list((tmp_path / "r").glob("*.jsonl"))) == 1

@@ -1,0 +1,119 @@
+"""The large-batch study of chapter 13: its points, its command, the recorded table the book
+shows, and that the recorded numbers are what this code produces."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from guide_utils.errors import GuideError
+from guide_utils.studies import large_batch as lb
+
+CLI = [sys.executable, "-m", "guide_utils", "large-batch"]
+LRS = {"sgd": 0.05, "lars": 2.0, "lamb": 0.004}
+
+
+def test_points_tune_every_optimizer_then_cover_every_k_method_and_seed():
+    tune = lb.tuning_points()
+    assert len(tune) == sum(len(v) for v in lb.TUNING.values()) and {p.k for p in tune} == {1}
+    assert all(p.settings()["epochs"] == lb.TUNING_EPOCHS and p.stage == "tune" for p in tune)
+    rest = lb.sweep_points(LRS)
+    assert len(rest) == len(lb.SEEDS) + len(lb.KS) * len(lb.METHODS) * len(lb.SEEDS)
+    assert all(p.settings()["epochs"] == 20 and p.stage == "study" for p in rest)
+    assert max(lb.KS) * lb.BASE_BATCH >= 8192  # the issue's bar: a global batch of at least 8192
+    lars = lb.Point(256, "lars+warmup", "lars", 2.0, 0).settings()
+    assert (lars["per_worker_batch"], lars["optimizer"], lars["lr_scaling"], lars["warmup"], lars["warmup_start_batch"]) \
+        == (8192, "lars", "linear", "gradual", 32)
+    assert lb.Point(64, "lamb+warmup", "lamb", 0.004, 1).settings()["lr_scaling"] == "sqrt"
+    assert lb.Point(64, "sqrt+warmup", "sgd", 0.05, 1).settings()["lr_scaling"] == "sqrt"
+    assert lb.Point(1, "baseline", "lamb", 0.004, 0).settings()["warmup"] == "none"
+    # The largest k still takes 4 steps per epoch, and every k divides the training set.
+    assert lb.KS == (32, 256)
+    assert lb.TRAIN_SAMPLES == 32768 and all(lb.TRAIN_SAMPLES % (k * 32) == 0 for k in lb.KS)
+    assert lb.TRAIN_SAMPLES // (256 * 32) == 4
+
+
+@pytest.mark.parametrize("kwargs", [{"methods": ["cosine+warmup"]}, {"ks": [1, 64]}, {"ks": [4096]}])
+def test_bad_points_are_refused(kwargs):
+    with pytest.raises(GuideError):
+        lb.sweep_points(LRS, **kwargs)
+
+
+def test_the_base_rate_is_the_tuning_runs_best():
+    rows = [{"stage": "tune", "k": 1, "seed": 0, "optimizer": "lars", "base_lr": lr, "best_val_top1_err": err}
+            for lr, err in ((0.5, 3.0), (2.0, 1.5), (8.0, 9.0))]
+    rows += [{"stage": "study", "k": 1, "seed": 0, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1},
+             {"stage": "study", "k": 64, "seed": 0, "optimizer": "lars", "base_lr": 8.0, "best_val_top1_err": 0.1}]
+    assert lb.chosen_lrs(pd.DataFrame(rows)) == {"lars": 2.0}
+
+
+@pytest.mark.slow
+def test_cli_records_a_tiny_study_two_at_a_time_and_refuses_to_overwrite(tmp_path):
+    """The same code as the recording (tuning, choice, points, two spawned workers), on a
+    problem small enough for a test."""
+    out = tmp_path / "s.csv"
+    code = ("import sys; from guide_utils.studies import large_batch as lb; "
+            "lb.TUNING.update(sgd=(0.05, 0.2), lars=(2.0,), lamb=(0.004,)); lb.TUNING_EPOCHS = 1; "
+            f"lb.run({str(out)!r}, ks=[2], seeds=[0], jobs=2, results_dir={str(tmp_path / 'r')!r}, "
+            "overrides=dict(mnist1d_samples=2000, epochs=2, milestones=(1,), warmup_epochs=1))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = lb.load(out)
+    assert "commit " in table.attrs["source"] and "torch " in table.attrs["source"] and "timm " in table.attrs["source"]
+    # tuning: 2 + 1 + 1; the SGD baseline at its chosen rate; k = 2: one per method
+    assert len(table) == 4 + 1 + 4 and len(list((tmp_path / "r").glob("*.jsonl"))) == 9
+    assert (table.query("stage == 'tune'")["epochs"] == 1).all() and (table.query("stage == 'study'")["epochs"] == 2).all()
+    chosen = lb.chosen_lrs(table)
+    assert set(table.query("k == 2")["base_lr"]) <= set(chosen.values())
+    assert all(len(lb.epoch_curve(r)) == r["epochs"] for _, r in table.iterrows())
+    before = out.read_bytes()
+    again = subprocess.run([*CLI, "run", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    assert out.read_bytes() == before
+
+
+def test_malformed_or_missing_csv_is_one_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("# something else\na,b\n1,2\n")
+    proc = subprocess.run([*CLI, "summary", str(bad)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "lacks column" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = subprocess.run([*CLI, "summary", str(tmp_path / "missing.csv")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no large-batch results" in proc.stderr
+
+
+def test_recorded_study_is_complete_and_labelled():
+    table = lb.recorded()
+    source = table.attrs["source"]
+    assert re.search(r"commit [0-9a-f]{12};", source), "the recording must name a clean commit"
+    for needle in ("measured 20", "cores", "torch 2.14.1", "timm 1.0.31", "mnist1d 0.0.2.post1",
+                   "large-batch run --out src/guide_utils/results/recorded/large_batch_mnist1d.csv"):
+        assert needle in source
+    chosen = lb.chosen_lrs(table)
+    assert {opt: lr in lb.TUNING[opt] for opt, lr in chosen.items()} == {"sgd": True, "lars": True, "lamb": True}
+    want = {(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed)
+            for p in lb.tuning_points() + lb.sweep_points(chosen)}
+    got = {(r.stage, r.k, r.method, r.optimizer, r.base_lr, r.seed) for r in table.itertuples()}
+    assert got == want
+    study = lb.full_runs(table)
+    assert (study["epochs"] == 20).all() and (lb.tuning(table)["epochs"] == lb.TUNING_EPOCHS).all()
+    assert (study["steps_per_epoch"] == lb.TRAIN_SAMPLES // study["global_batch"]).all()
+    k = study["global_batch"] / 32
+    rule = study["lr_scaling"].map({"linear": 1.0, "sqrt": 0.5})
+    assert ((study["peak_lr"] - study["base_lr"] * k ** rule).abs() < 1e-5).all()
+    assert all(len(lb.epoch_curve(r)) == 20 for _, r in study.iterrows())
+
+
+@pytest.mark.slow
+def test_a_recorded_point_starts_as_recorded(tmp_path):
+    """One recorded point trained again for its first two epochs (the same epochs as the full
+    run's: the schedule does not depend on the run's length), as the recording trained it.
+    Same CPU type: identical; elsewhere summation order may move a few samples (0.5 points)."""
+    point, row = lb.recorded_point(lb.recorded(), 32, "sqrt+warmup", seed=1)
+    again = lb.replay(point, tmp_path, epochs=2)
+    assert again["global_batch"] == 1024 and again["peak_lr"] == pytest.approx(row["peak_lr"])
+    assert lb.epoch_curve(again) == pytest.approx(lb.epoch_curve(row)[:2], abs=0.5)
+    assert lb.epoch_curve(again, "train_curve") == pytest.approx(lb.epoch_curve(row, "train_curve")[:2], abs=0.5)
