@@ -79,7 +79,8 @@ def built_book() -> Path:
     log = (_BOOK["out"] / "build.log").read_text()
     if code != 0:
         reports = _BOOK["out"] / "_build" / "html" / "reports"
-        pytest.fail(f"the book build failed ({code}); reports: {reports if reports.exists() else 'none'}\n{log[-6000:]}")
+        where = reports if reports.exists() else "none"
+        pytest.fail(f"the book build failed ({code}); reports: {where}\n{log[-6000:]}")
     print("\n".join(line for line in log.splitlines() if line.startswith("[book]")))
     return _BOOK["out"] / "_build"
 

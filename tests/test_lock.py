@@ -1,5 +1,6 @@
 """The lock pins the whole stack: what is installed is exactly what requirements.lock says."""
 
+import os
 import re
 import subprocess
 import sys
@@ -18,8 +19,11 @@ def _pins(text: str) -> set[str]:
 
 
 def test_the_environment_is_the_lock():
+    # Without PYTHONPATH: a src/ on it shows the editable install's build metadata
+    # (src/guide_utils.egg-info) as one more, non-editable distribution.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"],
-                            capture_output=True, text=True, check=True).stdout
+                            capture_output=True, text=True, check=True, env=env).stdout
     installed, locked = _pins(frozen), _pins((REPO / "requirements.lock").read_text())
     assert installed - locked == set() and locked - installed == set(), (
         f"installed but not locked: {sorted(installed - locked)}; locked but not installed: "

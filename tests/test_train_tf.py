@@ -80,7 +80,8 @@ def test_learning_rate_of_every_batch_follows_lr_at(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("launcher", ["horovodrun-gloo", "mpirun"])
+# horovodrun --gloo: chapter 8 trains that way and asserts the same (one notebook run per session)
+@pytest.mark.parametrize("launcher", ["mpirun"])
 def test_two_horovod_workers_end_with_identical_weights(tmp_path, launcher):
     start = {"horovodrun-gloo": [str(BIN / "horovodrun"), "-np", "2", "--gloo"],
              "mpirun": ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]}[launcher]
@@ -95,22 +96,8 @@ def test_two_horovod_workers_end_with_identical_weights(tmp_path, launcher):
     assert len(summary["weights_digests"]) == 2
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_multi_worker_mirrored_strategy_trains_two_workers(tmp_path):
-    ports = [23800 + os.getpid() % 1000, 24800 + os.getpid() % 1000]
-    procs = []
-    for i in range(2):
-        tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": i}}
-        procs.append(subprocess.Popen([*TRAIN_TF, "--dist", "mwms", "--epochs", "2", "--results-dir", f"r{i}"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                                      env=_env(TF_CONFIG=json.dumps(tf_config))))
-    outs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
-    lines = _lines(tmp_path / "r0")  # the chief (worker 0) writes the record
-    assert lines[0]["config"]["workers"] == 2 and lines[1]["environment"]["dist"] == "mwms"
-    assert [line["epoch"] for line in lines if line["type"] == "epoch"] == [1, 2]
-    assert not (tmp_path / "r1").exists()
+# MultiWorkerMirroredStrategy with two workers and the TF-vs-PyTorch benchmark (read by the
+# thesis's own log reader) are asserted by chapter 8 itself, which the book build executes once.
 
 
 @pytest.mark.slow
@@ -127,21 +114,6 @@ def test_a_rerun_resumes_from_the_checkpoint(tmp_path):
     assert any(line["type"] == "resume" for line in lines)
     summary = [line for line in lines if line["type"] == "summary"][-1]
     assert summary["best_val_top1_err"] == min(line["val_top1_err"] for line in lines if line["type"] == "epoch")
-
-
-@pytest.mark.slow
-def test_the_benchmark_prints_a_positive_rate_for_each_batch(tmp_path):
-    proc = subprocess.run([PY, str(REPO / "benchmarks/tf_cnn_benchmark.py"), "--steps", "8", "--warmup", "3",
-                           "--batches", "32", "64", "128", "--results-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=TIMEOUT, env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    from guide_utils.results.logs import parse_tf_cnn_benchmarks_log
-
-    # The thesis's own log reader understands the output, as it does tf_cnn_benchmarks'.
-    rates = [r["images_per_second"] for r in parse_tf_cnn_benchmarks_log(proc.stdout).records]
-    assert len(rates) == 6 and all(r > 0 for r in rates), proc.stdout
-    assert len(list(tmp_path.glob("bench-*.jsonl"))) == 6
-    assert proc.stdout.count("TensorFlow/PyTorch throughput ratio") == 3
 
 
 @pytest.mark.parametrize("args, message", [

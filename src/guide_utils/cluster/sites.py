@@ -147,7 +147,7 @@ export GUIDE_ROOT={shlex.quote(str(guide_root()))} GUIDE_SITE={shlex.quote(site.
 source "$GUIDE_ROOT/slurm_examples/lib/guide.sh"
 guide_load_site
 guide_software
-echo "== ipyparallel engines: job $SLURM_JOB_ID, $SLURM_NTASKS engine(s) on $SLURM_JOB_NODELIST, controller {host}:{port}"
+echo "== ipyparallel engines: job $SLURM_JOB_ID, $SLURM_NTASKS on $SLURM_JOB_NODELIST, controller {host}:{port}"
 # The engines live for the notebook: when its controller stops answering, give the nodes back.
 "${{GUIDE_EXEC[@]}}" python -m guide_utils.cluster.watchdog controller {host} {port} {watch[0]:g} {watch[1]} &
 {launch} """

@@ -25,8 +25,8 @@ from typing import Any, Iterable
 
 from ..errors import GuideError
 
-TABLE_CONFIG = ["model", "data", "dist", "workers", "per_worker_batch", "global_batch", "optimizer", "lr_scaling", "warmup",
-                "warmup_epochs", "epochs"]
+TABLE_CONFIG = ["model", "data", "dist", "workers", "per_worker_batch", "global_batch", "optimizer", "lr_scaling",
+                "warmup", "warmup_epochs", "epochs"]
 
 
 def _plain(value: Any) -> Any:
