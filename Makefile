@@ -27,7 +27,7 @@ test: setup
 
 # Pin every installed distribution after a change to requirements.txt (then commit the lock).
 lock:
-	{ sed -n '1,3p' requirements.lock; $(VENV)/bin/python -m pip freeze --all --exclude-editable | LC_ALL=C sort -f; } > requirements.lock.new
+	{ sed -n '1,3p' requirements.lock; $(VENV)/bin/python scripts/freeze.py; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock
 
 clean-book:
