@@ -587,14 +587,14 @@ def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = Non
                controller_ip: str | None = None, walltime: str = "01:00:00") -> None:
     """What ``EngineCluster(n, engines=...).train(cfg)`` would do, started nowhere: the
     engines, the controller address, the training, and the batch script Slurm engines get."""
-    from ..studies.experiments import Run, describe
+    from ..studies.experiments import PlannedRun, describe
 
     settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "extra"}
     ip = controller_address(controller_ip)
     where = "mpiexec on this node" if engines == "mpi" else "a Slurm job from the site profile"
     print(f'interactive: EngineCluster(n={n}, engines="{engines}"): {n} ipyparallel engines ({where}), '
           f"controller on {ip}")
-    print(f"    {describe(Run('interactive', n, settings), profile)}; --dist {cfg.dist}")
+    print(f"    {describe(PlannedRun('interactive', n, settings), profile)}; --dist {cfg.dist}")
     if engines == "slurm" or site:
         from .sites import engines_batch_script, read_site
 
