@@ -107,12 +107,5 @@ def test_malformed_csv_is_one_line(tmp_path):
     assert proc.returncode == 2 and "no sweep results" in proc.stderr
 
 
-@pytest.mark.slow
-def test_a_recorded_point_is_reproduced(tmp_path):
-    """The book's figure is this code's output: retrain one recorded point and compare."""
-    point = sweep.Point(32, "linear+warmup", 0)
-    row = sweep.run_point(point, tmp_path)
-    was = sweep.recorded().query("k == 32 and method == 'linear+warmup' and seed == 0").iloc[0]
-    # Same machine type and threads: identical; elsewhere float summation order may differ slightly.
-    assert row["best_val_top1_err"] == pytest.approx(was["best_val_top1_err"], abs=0.5)
-    assert row["final_val_top1_err"] == pytest.approx(was["final_val_top1_err"], abs=0.5)
+# One recorded point (k = 32, linear + warmup, seed 0) is retrained by chapter 6 itself, which
+# asserts it lands within 0.5 points of the recording; the book build runs it once per session.
