@@ -51,7 +51,7 @@ def test_the_engine_refuses_ranks_that_disagree_on_steps_under_ddp(tmp_path):
     """Rank 1 sees 2,400 MNIST-1D samples, rank 0 2,000: 30 against 25 steps per epoch.
     Instead of hanging at the end of the first epoch, every rank stops before the first step
     with one line that names the cause."""
-    args = [*TRAIN[1:], "--dist", "ddp", "--results-dir", str(tmp_path)]
+    args = [*TRAIN[2:], "--dist", "ddp", "--results-dir", str(tmp_path)]
     ranks = pitfalls.launch_per_rank([[*args, "--mnist1d-samples", "2000"], [*args, "--mnist1d-samples", "2400"]],
                                      timeout=240)
     for rank in ranks:
