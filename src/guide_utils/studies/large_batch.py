@@ -149,8 +149,9 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     cpu = time.process_time() - cpu
     val = [e["val_top1_err"] for e in result.epochs]
     train_err = [e["train_top1_err"] for e in result.epochs]
-    return {"stage": point.stage, "k": point.k, "method": point.method, "optimizer": point.optimizer, "lr_scaling": point.lr_scaling,
-            "seed": point.seed, "epochs": cfg.epochs, "global_batch": cfg.per_worker_batch, "base_lr": point.base_lr,
+    return {"stage": point.stage, "k": point.k, "method": point.method, "optimizer": point.optimizer,
+            "lr_scaling": point.lr_scaling, "seed": point.seed, "epochs": cfg.epochs,
+            "global_batch": cfg.per_worker_batch, "base_lr": point.base_lr,
             "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
             "steps_per_epoch": TRAIN_SAMPLES // cfg.per_worker_batch if cfg.mnist1d_samples == SAMPLES else None,
             "best_val_top1_err": round(min(val), 3), "final_val_top1_err": round(val[-1], 3),
@@ -182,14 +183,14 @@ def _train_all(pts: list[Point], results_dir, jobs: int, report, overrides: dict
 
 def replay(point: Point, results_dir: str | Path, *, epochs: int = 2) -> dict:
     """The first ``epochs`` epochs of a recorded point, trained again as the recording trained
-    it (a fresh process, one thread): its row, whose ``val_curve`` should start like the
-    record's. The schedule of the first epochs does not depend on the run's length, so they
-    are the same epochs as the full run's."""
+    it (a fresh process, one thread, quietly): its row, whose ``val_curve`` should start like
+    the record's. The schedule of the first epochs does not depend on the run's length, so
+    they are the same epochs as the full run's."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
-        return pool.submit(run_point, point, results_dir, epochs=epochs).result()
+        return pool.submit(run_point, point, results_dir, epochs=epochs, quiet=True).result()
 
 
 def recorded_point(table, k: int, method: str, seed: int = 0) -> tuple[Point, object]:
@@ -266,8 +267,9 @@ def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), results_
         rows.append(row)
         with out.open("a", encoding="utf-8") as fh:
             fh.write(",".join("" if row[c] is None else str(row[c]) for c in COLUMNS) + "\n")
-        print(f"[large-batch] {len(rows)}/{total[0]} {row['stage']} k={row['k']} {row['method']} ({row['optimizer']}, base lr "
-              f"{row['base_lr']:g}) seed {row['seed']}: best val error {row['best_val_top1_err']:.2f} % "
+        print(f"[large-batch] {len(rows)}/{total[0]} {row['stage']} k={row['k']} {row['method']} "
+              f"({row['optimizer']}, base lr {row['base_lr']:g}) seed {row['seed']}: "
+              f"best val error {row['best_val_top1_err']:.2f} % "
               f"({row['cpu_seconds']:.0f} s CPU)", file=sys.stderr, flush=True)
 
     _train_all(tuning, results_dir, jobs, report, overrides or {})

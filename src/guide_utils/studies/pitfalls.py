@@ -174,7 +174,8 @@ def lr_scaling_cases(k: int = 16, *, epochs: int = 1, results_dir: str | Path, b
     for case, (rule, lr) in cases.items():
         cfg = make_config("smoke", mnist1d_samples=samples, epochs=epochs, milestones=(epochs + 1,), seed=seed,
                           per_worker_batch=base_batch * k, base_lr=lr, base_batch=base_batch, lr_scaling=rule,
-                          results_dir=str(results_dir), run_name=f"pitfall-lr-{rule}-{lr:g}", progress=False)
+                          results_dir=str(results_dir), run_name=f"pitfall-lr-{rule}-{lr:g}", progress=False,
+                          quiet=True)
         peak = RunPlan.make(cfg, workers=1, samples_per_worker=samples).peak_lr
         epochs_out = train(cfg).epochs
         rows.append({"case": case, "peak_lr": round(peak, 4), "train_loss": round(epochs_out[-1]["loss"], 3),
