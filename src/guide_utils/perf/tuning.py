@@ -25,7 +25,7 @@ from typing import Any, Callable
 from .runs import Setup, throughput
 
 BASE = {"--profile": "full", "--model": "resnet18", "--data": "synthetic", "--image-size": "64",
-        "--per-worker-batch": "32", "--epochs": "1", "--max-steps-per-epoch": "30", "--loader-workers": "0",
+        "--per-worker-batch": "32", "--epochs": "1", "--max-steps-per-epoch": "20", "--loader-workers": "0",
         "--synthetic-size": "1024"}
 
 
@@ -89,8 +89,7 @@ def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, ba
         for r in range(repeats):
             for s in ((before, after) if r % 2 == 0 else (after, before)):
                 rates[s.name].append(throughput(s, []))
-        paired = sorted(a / b for a, b in zip(rates["after"], rates["before"]))
-        ratio = paired[len(paired) // 2]
+        ratio = statistics.median(a / b for a, b in zip(rates["after"], rates["before"]))
         keep = step.always or ratio >= 1 + min_gain
         rows.append({"stage": step.stage, "step": step.name, "note": step.note, "workers": step.workers,
                      "before_images_per_second": statistics.median(rates["before"]),

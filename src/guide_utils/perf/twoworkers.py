@@ -104,8 +104,8 @@ def measure(names: list[str], *, repeats: int = 3, steps: int = STEPS, progress=
                      "images_per_second": m.median, "runs": [round(r, 1) for r in m.rates],
                      "limit": limit_of(name), "ratio_to_limit": paired[len(paired) // 2]})
     meta = record.provenance(study="two_worker_scaling", repeats=repeats, steps=steps,
-                             regenerate="python benchmarks/two_worker_scaling.py --setups all --record "
-                                        "src/guide_utils/results/recorded/two_workers.jsonl")
+                             regenerate=f"python benchmarks/two_worker_scaling.py --setups all --repeats {repeats} "
+                                        "--record src/guide_utils/results/recorded/two_workers.jsonl")
     meta["load_avg_1min"] = [round(x, 2) for x in loads]
     return {"meta": meta, "rows": rows}
 
