@@ -4,7 +4,7 @@ input pipeline, then communication. Each step is one switch of the guide's engin
 against the configuration before it (alternating, --repeats rounds, median of the paired
 ratios); a switch that does not win by --min-gain is not kept. Prints each step's ratio.
 
-    python benchmarks/stepwise_tuning.py                  # about 20 minutes on 2 CPU cores
+    python benchmarks/stepwise_tuning.py                  # about 10 minutes on 2 CPU cores
     python benchmarks/stepwise_tuning.py --record src/guide_utils/results/recorded/stepwise_tuning.jsonl
 
 The JPEG dataset, its pre-decoded shards and their staged copy are made under --data-root
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (scancel, timeout) ends the workers this script started, not only the script.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--min-gain", type=float, default=0.02, help="keep a switch that wins by more (default 0.02)")
     p.add_argument("--data-root", default=os.path.join(tempfile.gettempdir(), "guide-tuning-data"))
     p.add_argument("--only", nargs="+", help="run only these steps (names as printed), each against the base")
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         walk = [s for s in walk if s.name in args.only]
     first = record.provenance(study="stepwise_tuning", repeats=args.repeats, min_gain=args.min_gain,
                               base=tuning.argv(tuning.BASE),
-                              regenerate="python benchmarks/stepwise_tuning.py --record "
+                              regenerate=f"python benchmarks/stepwise_tuning.py --repeats {args.repeats} --record "
                                          "src/guide_utils/results/recorded/stepwise_tuning.jsonl")
     print(f"{first['hardware']}; load {first['load_avg_1min']}", flush=True)
     rows = tuning.walk(walk, repeats=args.repeats, min_gain=args.min_gain, progress=lambda s: print(s, flush=True))

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     names = twoworkers.choose(args.setups)
     print(f"load before: {os.getloadavg()[0]:.2f}; setups: {', '.join(names)}", flush=True)
     result = twoworkers.measure(names, repeats=args.repeats, steps=args.steps,
-                                progress=lambda line: print(line, flush=True))
+                                progress=lambda line: print(line, flush=True), asked=" ".join(args.setups))
     print(twoworkers.format_result(result))
     print(json.dumps({"benchmark": "two_worker_scaling", **result["meta"],
                       "ratios": {r["setup"]: round(r["ratio_to_limit"], 3) for r in result["rows"]}}))

@@ -98,7 +98,8 @@ def candidates(throughputs: dict[int, float], params: int, network: Network, *, 
         raise GuideError("give at least one --throughput BATCH:IMAGES_PER_S (one GPU alone at that batch)")
     counts = worker_counts(gpus_per_node, max_nodes)
     if nodes_only is not None:
-        counts = [(n, w) for n, w in worker_counts(gpus_per_node, nodes_only) if n == nodes_only and w == n * gpus_per_node]
+        counts = [(n, w) for n, w in worker_counts(gpus_per_node, nodes_only)
+                  if n == nodes_only and w == n * gpus_per_node]
         _usable(nodes_only * gpus_per_node, min(throughputs), max_global_batch, images)
     rows = []
     for batch, rate in sorted(throughputs.items()):
@@ -155,7 +156,8 @@ def _miss(table, target: Target) -> str:
         parts.append(f"efficiency >= {target.min_efficiency:g} (best beyond one GPU: "
                      f"{_best_multi(table):.2f})")
     if target.deadline_hours is not None:
-        parts.append(f"{target.deadline_hours:g} h (fastest: {fastest.wall_hours:.1f} h on {int(fastest.workers)} GPUs)")
+        parts.append(f"{target.deadline_hours:g} h (fastest: {fastest.wall_hours:.1f} h on "
+                     f"{int(fastest.workers)} GPUs)")
     if target.budget_gpu_hours is not None:
         parts.append(f"{target.budget_gpu_hours:g} GPU-hours (cheapest: {cheapest.gpu_hours:.0f} on "
                      f"{int(cheapest.workers)} GPU(s))")
@@ -183,8 +185,8 @@ def plan(*, params: int, throughputs: dict[int, float], network: Network, target
     if int(choice["workers"]) == 1 and (table["workers"] > 1).any():
         note = (f"no configuration with more GPUs meets the target (best efficiency beyond one GPU: "
                 f"{_best_multi(table):.2f}): stay on one GPU, or raise the network or the per-worker batch")
-    return {"choice": choice, "schedule": sched, "note": note, "command": command(choice, sched, gpus_per_node, fp16_allreduce),
-            "candidates": table.to_dict("records")}
+    return {"choice": choice, "schedule": sched, "note": note,
+            "command": command(choice, sched, gpus_per_node, fp16_allreduce), "candidates": table.to_dict("records")}
 
 
 def command(choice: dict[str, Any], sched: dict[str, Any], gpus_per_node: int, fp16_allreduce: bool) -> str:

@@ -85,7 +85,8 @@ def _steps_for(name: str, steps: int) -> list[str]:
     return ["--max-steps-per-epoch", str(n), "--synthetic-size", str(batch * 2 * (n + 1))]
 
 
-def measure(names: list[str], *, repeats: int = 3, steps: int = STEPS, progress=None) -> dict[str, Any]:
+def measure(names: list[str], *, repeats: int = 3, steps: int = STEPS, progress=None,
+            asked: str = "all") -> dict[str, Any]:
     """Every named setup ``repeats`` times side by side; each with its ratio to its limit."""
     loads = [os.getloadavg()[0]]
     measured = {}
@@ -104,8 +105,8 @@ def measure(names: list[str], *, repeats: int = 3, steps: int = STEPS, progress=
                      "images_per_second": m.median, "runs": [round(r, 1) for r in m.rates],
                      "limit": limit_of(name), "ratio_to_limit": paired[len(paired) // 2]})
     meta = record.provenance(study="two_worker_scaling", repeats=repeats, steps=steps,
-                             regenerate="python benchmarks/two_worker_scaling.py --setups all --record "
-                                        "src/guide_utils/results/recorded/two_workers.jsonl")
+                             regenerate=f"python benchmarks/two_worker_scaling.py --setups {asked} --repeats {repeats} "
+                                        "--record src/guide_utils/results/recorded/two_workers.jsonl")
     meta["load_avg_1min"] = [round(x, 2) for x in loads]
     return {"meta": meta, "rows": rows}
 
