@@ -20,6 +20,8 @@ PLAIN_CITATION = re.compile(r"\b[A-Z][\w-]+ et al\.,? \(?(19|20)\d\d\b"
 INTERNAL = re.compile(r"seed|this guide|of the guide|TODO|FIXME", re.I)
 REQUIRED = {"mastersthesis": {"author", "title", "school", "year"},
             "inproceedings": {"author", "title", "booktitle", "year", "doi"},
+            "article": {"author", "title", "journal", "year"},
+            "techreport": {"author", "title", "institution", "year"},
             "misc": {"author", "title"}}
 
 
@@ -46,6 +48,8 @@ def entries():
 def test_every_entry_is_complete_and_clean():
     for key, entry in entries().items():
         fields = {k.lower() for k in entry.fields} | ({"author"} if entry.persons.get("author") else set())
+        if entry.fields.get("archiveprefix") == "arXiv" and entry.fields.get("eprint"):
+            fields |= {"doi"}  # an arXiv identifier finds a paper whose proceedings have no DOI
         missing = REQUIRED[entry.type] - fields
         assert not missing, f"{key}: missing {sorted(missing)}"
         if entry.fields.get("archiveprefix") == "arXiv":

@@ -30,6 +30,12 @@ EXPECTED = {
     # engines as a Slurm job: 8 of them, one per GPU, with the batch script the site profile gives
     "09_interactive_ipyparallel": ['EngineCluster(n=8, engines="slurm")', "resnet50 on synthetic; 8 worker(s) x 128 "
                                    "= global batch 1024; lr 0.4 (linear rule)", "#SBATCH --ntasks=8", "guide_software"],
+    # the performance chapters: the sbatch jobs to run on the nodes, and the planner's answer
+    "10_communication": ["10_communication.sbatch --nodes=8", "RUNTIME=torch"],
+    "11_scaling_model": ["--min-efficiency 0.9", "8 node(s), 32 GPU(s) x 128 = global batch 4096",
+                         "learning rate 1.6 (linear scaling rule)"],
+    "12_stepwise_tuning": ["12_stepwise_tuning.sbatch -- --channels-last",
+                           "--channels-last --amp bf16 --compile"],
     "13_beyond_linear_scaling": ["06_learning_rate_warmup.sbatch --nodes=64 --array=0 -- --optimizer lars",
                                  "--optimizer lamb --lr-scaling sqrt", "global batch 8192"],
     "14_pitfalls": ["every pitfall is reproduced at laptop scale", "--kill-on-bad-exit=1"],

@@ -677,4 +677,5 @@ def plan_lines(profile: str) -> list[str]:
                 "  RUNTIME=torch slurm_examples/submit.sh slurm_examples/10_communication.sbatch --nodes=2",
                 "then compare each job's large-message busbw (comms --show FILE) with the network's bandwidth"]
     return ["on this machine, 2 workers per runtime, 4 B to 256 MiB:",
-            f"  python -m guide_utils comms --json   (recorded: {RECORD_COMMAND})"]
+            "  python -m guide_utils comms --json",
+            "recorded with:", "  " + RECORD_COMMAND.replace(" --record ", " \\\n      --record ")]
