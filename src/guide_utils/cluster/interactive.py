@@ -31,6 +31,7 @@ job. A kernel killed outright is covered by two watchdogs (``cluster.watchdog``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -43,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -431,7 +433,10 @@ class _Follower:
         for line in text[self.seen:cut].splitlines():
             if not line.startswith("[train]"):
                 continue  # only the engine's own compact lines: Jupyter limits output rates
-            self.bar.write(line, file=sys.stdout) if self.bar else print(line, flush=True)
+            # Wrapped to the width of a notebook's (and the book's) output column.
+            shown = "\n".join(textwrap.wrap(line, 96, subsequent_indent="    ", break_long_words=False,
+                                             break_on_hyphens=False)) or line
+            self.bar.write(shown, file=sys.stdout) if self.bar else print(shown, flush=True)
             if match := RECORD.search(line):
                 self.record = match.group(1)
             if match := EPOCH_LINE.match(line):
@@ -592,15 +597,21 @@ def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = Non
     settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "extra"}
     ip = controller_address(controller_ip)
     where = "mpiexec on this node" if engines == "mpi" else "a Slurm job from the site profile"
-    print(f'interactive: EngineCluster(n={n}, engines="{engines}"): {n} ipyparallel engines ({where}), '
-          f"controller on {ip}")
-    print(f"    {describe(PlannedRun('interactive', n, settings), profile)}; --dist {cfg.dist}")
+    # At most 100 characters a line: what a notebook's output column (and the book's) shows.
+    print(textwrap.fill(f'interactive: EngineCluster(n={n}, engines="{engines}"): {n} ipyparallel engines '
+                        f"({where}), controller on {ip}", 100, subsequent_indent="    "))
+    print(textwrap.fill(f"{describe(PlannedRun('interactive', n, settings), profile)}; --dist {cfg.dist}", 100,
+                        initial_indent="    ", subsequent_indent="        "))
     if engines == "slurm" or site:
-        from .sites import engines_batch_script, read_site
+        from .sites import engines_batch_script, guide_root, read_site
 
         s = read_site(site)
         script = engines_batch_script(s, n, walltime=walltime, log="logs/ipengine-<cluster>-%j.out",
-                                      controller=("<controller host>", "<port>"))  # type: ignore[arg-type]
+                                      controller=("<host>", "<port>"))  # type: ignore[arg-type]
         script = script.format(cluster_id="<cluster>", program_and_args="python -m ipyparallel.engine --mpi ...")
-        print(f"    the engines' batch script (site {s.name}, {s.file}):")
-        print("\n".join("    | " + line for line in script.splitlines()))
+        shown = Path(s.file).resolve()
+        with contextlib.suppress(ValueError):  # a profile of the repository: its path in it
+            shown = shown.relative_to(guide_root().resolve())
+        print(f"    the engines' batch script (site {s.name}, {shown}; <repo>: this repository):")
+        script = script.replace(str(guide_root().resolve()), "<repo>")
+        print("\n".join("  | " + line for line in script.splitlines()))

@@ -140,14 +140,16 @@ def engines_batch_script(site: Site, n: int, *, walltime: str, log: str, control
         launch = ('mpirun -np "$SLURM_NTASKS" --map-by "ppr:$SLURM_NTASKS_PER_NODE:node" --bind-to none -x PATH '
                   '"${GUIDE_EXEC[@]}"')
     body = f"""\
-# ipyparallel engines for a notebook (guide_utils.cluster.interactive), site profile {site.file}
+# ipyparallel engines for a notebook (guide_utils.cluster.interactive)
+# site profile: {site.file}
 set -euo pipefail
 export GUIDE_ROOT={shlex.quote(str(guide_root()))} GUIDE_SITE={shlex.quote(site.file)}
 # shellcheck source=/dev/null
 source "$GUIDE_ROOT/slurm_examples/lib/guide.sh"
 guide_load_site
 guide_software
-echo "== ipyparallel engines: job $SLURM_JOB_ID, $SLURM_NTASKS on $SLURM_JOB_NODELIST, controller {host}:{port}"
+echo "== ipyparallel engines: job $SLURM_JOB_ID, $SLURM_NTASKS on $SLURM_JOB_NODELIST"
+echo "== their controller: {host}:{port}"
 # The engines live for the notebook: when its controller stops answering, give the nodes back.
 "${{GUIDE_EXEC[@]}}" python -m guide_utils.cluster.watchdog controller {host} {port} {watch[0]:g} {watch[1]} &
 {launch} """
