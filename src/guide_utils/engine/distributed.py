@@ -18,7 +18,6 @@ from typing import Any
 
 from ..errors import GuideError
 from ..cluster.launch import require_launcher
-from ..cluster.slurm import SlurmJob
 
 KINDS = ("none", "horovod", "ddp")
 

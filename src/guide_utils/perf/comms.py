@@ -31,11 +31,9 @@ with ``horovodrun``, ``mpirun`` or ``torchrun``); run it under a launcher (``sru
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile

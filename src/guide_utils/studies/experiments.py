@@ -220,7 +220,7 @@ def print_plan(name: str, profile: str, index: int | None = None, *, commands: b
         print(f"[{i}] {run.label}\n    {describe(run, profile)}\n    $ {command}")
 
 
-def plan_table(name: str, profile: str, chosen: list[tuple[int, Run, str]]) -> list[str]:
+def plan_table(name: str, profile: str, chosen: list[tuple[int, PlannedRun, str]]) -> list[str]:
     """The lines of a compact plan: the experiment, what its runs share, one row per run."""
     from ..scaling import scaled_lr
 

@@ -282,22 +282,10 @@ def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), results_
 
 def load(path: str | Path):
     """A CSV written by ``run``; ``.attrs['source']`` keeps its first line."""
-    import pandas as pd
+    from . import study_csv
 
-    path = Path(path)
-    if not path.exists():
-        raise GuideError(f"no large-batch results at {path}; run `{PROG} run --out {path}` first")
-    with path.open(encoding="utf-8") as fh:
-        source = fh.readline().lstrip("# ").strip()
-        try:
-            table = pd.read_csv(fh, dtype={c: str for c in CURVE_COLUMNS})
-        except Exception as exc:  # noqa: BLE001 - any parse failure is one message
-            raise GuideError(f"{path} is not a large-batch CSV ({exc}); rerun `{PROG} run`") from None
-    missing = set(COLUMNS) - set(table.columns)
-    if missing:
-        raise GuideError(f"{path} lacks column(s) {', '.join(sorted(missing))}; it was not written by `{PROG} run`")
-    table.attrs["source"] = source
-    return table
+    return study_csv.read(path, what="large-batch", command=f"{PROG} run", columns=COLUMNS,
+                          dtype={c: str for c in CURVE_COLUMNS})
 
 
 RECORDED = "large_batch_mnist1d.csv"

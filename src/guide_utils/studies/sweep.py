@@ -116,22 +116,9 @@ def run(pts: list[Point], results_dir: str | Path, out: str | Path | None = None
 
 def load(path: str | Path):
     """A sweep CSV written by ``run``; ``.attrs['source']`` keeps its first line (date, hardware)."""
-    import pandas as pd
+    from . import study_csv
 
-    path = Path(path)
-    if not path.exists():
-        raise GuideError(f"no sweep results at {path}; run `{PROG} run --out {path}` first")
-    with path.open(encoding="utf-8") as fh:
-        source = fh.readline().lstrip("# ").strip()
-        try:
-            table = pd.read_csv(fh)
-        except Exception as exc:  # noqa: BLE001 - any parse failure is one message
-            raise GuideError(f"{path} is not a sweep CSV ({exc}); rerun `{PROG} run`") from None
-    missing = set(COLUMNS) - set(table.columns)
-    if missing:
-        raise GuideError(f"{path} lacks column(s) {', '.join(sorted(missing))}; it was not written by `{PROG} run`")
-    table.attrs["source"] = source
-    return table
+    return study_csv.read(path, what="sweep", command=f"{PROG} run", columns=COLUMNS)
 
 
 def summarise(table, metric: str = "best_val_top1_err"):
