@@ -433,9 +433,12 @@ class _Follower:
         for line in text[self.seen:cut].splitlines():
             if not line.startswith("[train]"):
                 continue  # only the engine's own compact lines: Jupyter limits output rates
-            # Wrapped to the width of a notebook's (and the book's) output column.
-            shown = "\n".join(textwrap.wrap(line, 96, subsequent_indent="    ", break_long_words=False,
-                                             break_on_hyphens=False)) or line
+            # The record by its name (its folder is the notebook's results directory), wrapped
+            # to the width of a notebook's (and the book's) output column.
+            record = RECORD.search(line)
+            brief = line.replace(record.group(1), Path(record.group(1)).name) if record else line
+            shown = "\n".join(textwrap.wrap(brief, 96, subsequent_indent="    ", break_long_words=False,
+                                             break_on_hyphens=False)) or brief
             self.bar.write(shown, file=sys.stdout) if self.bar else print(shown, flush=True)
             if match := RECORD.search(line):
                 self.record = match.group(1)
