@@ -400,3 +400,37 @@ PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.5)
         subprocess.run(["scancel", str(job_id)], env=self.env)
         raise TimeoutError(f"job {job_id} did not finish within {timeout} s: {self.jobs(job_id)}")
+
+
+def start_or_skip(cluster: "SlurmCluster") -> "SlurmCluster":
+    """Start the cluster. Only "this machine cannot host Slurm" skips; any other failure to
+    start fails, with the daemons' logs: a broken Slurm must not pass as a skipped one."""
+    import pytest
+
+    try:
+        return cluster.start()
+    except SlurmUnavailable as exc:
+        cluster.stop()
+        pytest.skip(f"no test Slurm on this machine: {exc}")
+    except SlurmStartError as exc:
+        cluster.stop()
+        pytest.fail(f"the test Slurm did not start: {exc}", pytrace=False)
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+def module_cluster(tmp_path_factory):
+    """The body of every test module's ``cluster`` fixture (module scope): one started test
+    Slurm for the module's tests, stopped after them."""
+    c = start_or_skip(SlurmCluster(tmp_path_factory.mktemp("slurm")))
+    yield c
+    c.stop()
+
+
+def digits_archive(tmp_path_factory) -> Path:
+    """A small real image archive in the ImageNet layout (pack-dataset digits), for staging."""
+    out = tmp_path_factory.mktemp("dataset") / "digits.tar"
+    subprocess.run([str(Path(__file__).resolve().parents[1] / ".venv/bin/python"), "-m", "guide_utils",
+                    "pack-dataset", "digits", str(out)], check=True, capture_output=True)
+    return out

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+import slurm_cluster
+
 from guide_utils.cluster import interactive, sites, watchdog
 from guide_utils.config import make_config
 from guide_utils.errors import GuideError
@@ -153,18 +155,7 @@ def test_interactive_digest_equals_the_batch_digest(tmp_path):
 
 # -- engines as a job of the real test Slurm -------------------------------------------------
 
-@pytest.fixture(scope="module")
-def test_slurm(tmp_path_factory):
-    from slurm_cluster import SlurmCluster, SlurmUnavailable
-
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        c.start()
-    except SlurmUnavailable as exc:
-        c.stop()
-        pytest.skip(f"no test Slurm: {exc}")
-    yield c
-    c.stop()
+test_slurm = pytest.fixture(scope="module", name="test_slurm")(slurm_cluster.module_cluster)
 
 
 @pytest.fixture

@@ -13,24 +13,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import slurm_cluster
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.notebooks]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from slurm_cluster import SlurmCluster, SlurmUnavailable
-
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        c.start()
-    except SlurmUnavailable as exc:
-        c.stop()
-        pytest.skip(f"no test Slurm: {exc}")
-    yield c
-    c.stop()
+cluster = pytest.fixture(scope="module", name="cluster")(slurm_cluster.module_cluster)
 
 
 def test_a_chapter_runs_as_a_batch_job_and_lands_next_to_its_log(cluster, tmp_path):

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
+import slurm_cluster
+
 from guide_utils.results.records import read_run
-from slurm_cluster import LOOPBACK, NODES, SlurmCluster, SlurmStartError, SlurmUnavailable
+from slurm_cluster import LOOPBACK, NODES, SlurmCluster, start_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
@@ -35,35 +37,10 @@ QUICK = ("--epochs", "2", *SHORT)
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
 
-def start_or_skip(cluster: SlurmCluster) -> SlurmCluster:
-    """Start the cluster. Only "this machine cannot host Slurm" skips; any other failure to
-    start fails, with the daemons' logs: a broken Slurm must not pass as a skipped one."""
-    try:
-        return cluster.start()
-    except SlurmUnavailable as exc:
-        cluster.stop()
-        pytest.skip(f"no test Slurm on this machine: {exc}")
-    except SlurmStartError as exc:
-        cluster.stop()
-        pytest.fail(f"the test Slurm did not start: {exc}", pytrace=False)
-    except BaseException:
-        cluster.stop()
-        raise
+cluster = pytest.fixture(scope="module", name="cluster")(slurm_cluster.module_cluster)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = start_or_skip(SlurmCluster(tmp_path_factory.mktemp("slurm")))
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dataset") / "digits.tar"
-    subprocess.run([str(REPO / ".venv/bin/python"), "-m", "guide_utils", "pack-dataset", "digits", str(out)],
-                   check=True, capture_output=True)
-    return out
+archive = pytest.fixture(scope="module", name="archive")(slurm_cluster.digits_archive)
 
 
 @dataclass

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+import slurm_cluster
+
 from guide_utils.perf import comms
 from guide_utils.results import plots
 from guide_utils.results.records import read_run
-from slurm_cluster import SlurmCluster, SlurmUnavailable
+from slurm_cluster import SlurmCluster
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
@@ -24,24 +26,10 @@ EXAMPLES = REPO / "slurm_examples"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        c.start()
-    except SlurmUnavailable as exc:
-        c.stop()
-        pytest.skip(f"no test Slurm: {exc}")
-    yield c
-    c.stop()
+cluster = pytest.fixture(scope="module", name="cluster")(slurm_cluster.module_cluster)
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dataset") / "digits.tar"
-    subprocess.run([str(REPO / ".venv/bin/python"), "-m", "guide_utils", "pack-dataset", "digits", str(out)],
-                   check=True, capture_output=True)
-    return out
+archive = pytest.fixture(scope="module", name="archive")(slurm_cluster.digits_archive)
 
 
 class Jobs:
