@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import subprocess
@@ -12,6 +13,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One thread per process, here and in every process the tests start: the book build runs
+# beside the tests, so the two cores are always shared, and torch's default (a thread per
+# core in every process) makes the threads wait on each other. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 BOOK_TIMEOUT = 1150  # seconds left to wait for the book when its readers start (under pytest-timeout)
 
 

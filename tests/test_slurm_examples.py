@@ -58,6 +58,7 @@ class Job:
     full_scratch: bool = False  # GUIDE_CI_SCRATCH is a 512 KiB tmpfs
     usr1_after_epoch: bool = False  # scancel --signal=USR1 --batch once the first epoch is logged
     site: str | None = "ci"  # None: GUIDE_SITE unset; "incomplete": ci.sh without its GUIDE_SCRATCH line
+    full_doctor: bool = False  # GUIDE_DOCTOR=full: the job's doctor probes the frameworks (else --quick)
 
 
 # The direct-launch jobs: a batch script that runs the training itself, no launcher.
@@ -80,7 +81,8 @@ TENSORFLOW = [("08_tensorflow_horovod.sbatch", "horovod", (), 4),
 # Every job, by the name of the test that checks it, in the order they are submitted: the
 # ones that fail at once, then the longest chains (requeue, dependency), then the rest. The
 # DDP and TensorFlow-native jobs run with a broken Horovod: they do not need it, and neither
-# must their doctor.
+# must their doctor. The jobs whose tests read the doctor's verdict run the full doctor; the
+# others its quick form (the CI profile's), which probes no framework.
 JOBS: dict[str, Job] = {
     **{f"test_dist_started_in_the_batch_script_fails_at_once[{dist}]": Job(f"direct_{dist}", via="sbatch")
        for dist in ("horovod", "ddp")},
@@ -90,20 +92,21 @@ JOBS: dict[str, Job] = {
         Job("01_single_gpu_baseline.sbatch", via="sbatch", site="incomplete"),
     "test_a_full_scratch_disk_fails_the_job_at_staging": Job("01_single_gpu_baseline.sbatch", full_scratch=True),
     "test_a_horovod_job_without_horovod_stops_at_the_doctor":
-        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun"}, broken_horovod=True),
+        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun"}, broken_horovod=True, full_doctor=True),
     "test_single_gpu_baseline_requeues_when_warned_and_finishes":
         Job("01_single_gpu_baseline.sbatch", train=("--epochs", "4", "--max-steps-per-epoch", "20"),
             usr1_after_epoch=True),
     "test_dependency_chain_resumes_from_the_previous_jobs_checkpoint":
         Job("01_single_gpu_baseline.sbatch", via="chain", train=SHORT),
-    **{f"test_tensorflow[{dist}]": Job(script, sbatch=sbatch, broken_horovod=dist == "mwms")
+    **{f"test_tensorflow[{dist}]": Job(script, sbatch=sbatch, broken_horovod=dist == "mwms", full_doctor=dist == "mwms")
        for script, dist, sbatch, _ in TENSORFLOW},
     **{f"test_multi_node[{launcher}]": Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": launcher},
-                                           broken_horovod=dist == "ddp") for launcher, dist in MULTI_NODE},
+                                           broken_horovod=dist == "ddp", full_doctor=True)
+       for launcher, dist in MULTI_NODE},
     "test_one_node_data_parallel[horovod]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "horovod"},
                                                  comma_path=True),
     "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"},
-                                             broken_horovod=True),
+                                             broken_horovod=True, full_doctor=True),
     # The arrays run on one node (two workers per task): what they add to 03 is the array,
     # one run per task; their srun --mpi line is 03's, which runs on both nodes.
     # Two tasks of each array (the first and the last: --array on the command line overrides
@@ -132,7 +135,8 @@ class Submission:
         self.env = {**{k: v for k, v in cluster.env.items() if k not in ("GUIDE_SITE", "GUIDE_ROOT")},
                     "GUIDE_DATASET_ARCHIVE": str(archive), "GUIDE_RESULTS_DIR": str(self.results),
                     "GUIDE_LOG_DIR": str(self.logs), "GUIDE_CHECKPOINT_ROOT": str(tmp / "checkpoints"),
-                    "GUIDE_CI_SCRATCH": str(self.scratch), "PYTHONPATH": os.pathsep.join(pythonpath), **job.env}
+                    "GUIDE_CI_SCRATCH": str(self.scratch), "PYTHONPATH": os.pathsep.join(pythonpath),
+                    "GUIDE_DOCTOR": "full" if job.full_doctor else "quick", **job.env}
         if job.site == "incomplete":
             incomplete = tmp / "incomplete-site.sh"
             incomplete.write_text("".join(line for line in (EXAMPLES / "sites/ci.sh").read_text().splitlines(True)
@@ -332,6 +336,7 @@ def test_single_gpu_baseline_requeues_when_warned_and_finishes(jobs):
     assert int(record["Restarts"]) >= 1, f"the job was never requeued\n{jobs.log(3000)}"
     log = jobs.log()
     assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log
+    assert "stack usable: not checked (--quick) (for --framework pytorch --dist none)" in log  # GUIDE_DOCTOR=quick
     (run,) = jobs.runs()  # one record, continued across restarts
     _finished(run, 4)
     assert [e for e in run.events if e["type"] == "resume"], "no resume recorded"

@@ -56,6 +56,8 @@ guide_check_site() {
         guide_die "GUIDE_GPU_REQUEST='$GUIDE_GPU_REQUEST' in $file needs %d where the GPU count goes (e.g. --gres=gpu:v100:%d)"
     [[ $GUIDE_TRAIN_PROFILE == smoke || $GUIDE_TRAIN_PROFILE == full ]] ||
         guide_die "GUIDE_TRAIN_PROFILE='$GUIDE_TRAIN_PROFILE' in $file must be smoke or full"
+    [[ ${GUIDE_DOCTOR:-full} == full || $GUIDE_DOCTOR == quick ]] ||
+        guide_die "GUIDE_DOCTOR='$GUIDE_DOCTOR' in $file must be full or quick (or unset: full)"
     case $GUIDE_SOFTWARE in
         venv) [[ -n ${GUIDE_VENV:-} ]] || guide_die "GUIDE_SOFTWARE=venv in $file needs GUIDE_VENV (the virtual environment)" ;;
         modules) [[ -n ${GUIDE_MODULES:-} ]] || guide_die "GUIDE_SOFTWARE=modules in $file needs GUIDE_MODULES (what to module load)" ;;
@@ -132,8 +134,10 @@ guide_banner() {
         "$GUIDE_TRAIN_PROFILE" "$GUIDE_SOFTWARE" "$GUIDE_SCRATCH"
     printf '== dataset %s\n' "${GUIDE_DATASET_ARCHIVE:-"(none: the training profile's built-in data)"}"
     printf '== framework %s, --dist %s\n' "$GUIDE_FRAMEWORK" "$GUIDE_DIST"
+    local quick=()
+    [[ ${GUIDE_DOCTOR:-full} == full ]] || quick=(--quick)
     ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --framework "$GUIDE_FRAMEWORK" --dist "$GUIDE_DIST" \
-        --profile "$GUIDE_TRAIN_PROFILE" ||
+        --profile "$GUIDE_TRAIN_PROFILE" ${quick[@]+"${quick[@]}"} ||
         guide_die "guide_utils doctor: the software environment cannot run --framework $GUIDE_FRAMEWORK --dist $GUIDE_DIST (PROBLEM above)"
 }
 

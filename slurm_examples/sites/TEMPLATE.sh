@@ -23,3 +23,4 @@ GUIDE_TRAIN_PROFILE=full    # full (ResNet-50, 90 epochs) | smoke (small model, 
 GUIDE_TRAIN_ARGS=()         # extra guide_utils.train flags for every run at this site
 GUIDE_SRUN_MPI=pmix         # srun --mpi=... for Horovod under srun (`srun --mpi=list`); none: use mpirun
 GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0)
+GUIDE_DOCTOR=full           # optional: full (default) checks the frameworks in every job; quick: the Slurm job only

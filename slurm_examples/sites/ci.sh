@@ -17,6 +17,11 @@ GUIDE_TRAIN_PROFILE=smoke
 GUIDE_TRAIN_ARGS=(--model small_resnet --image-size 16)  # an image model for the image archive
 GUIDE_SRUN_MPI=pmix
 GUIDE_SBATCH_EXTRA=()
+# The doctor's framework probes import PyTorch, TensorFlow and Horovod in fresh interpreters:
+# about 7 CPU-seconds a job, and the tests submit some thirty jobs on two cores. The tests'
+# jobs that check the doctor's verdict set GUIDE_DOCTOR=full; the stack itself is checked
+# once per run by tests/test_doctor.py.
+GUIDE_DOCTOR=${GUIDE_DOCTOR:-quick}
 # Two cores: one thread per process, and MPI ranks that wait yield the core instead of
 # spinning on it (the tests run several jobs at once); CI runs as root, which OpenMPI
 # refuses unless told.

@@ -94,6 +94,7 @@ class Job:
 
     framework: str | None = None
     dist: str | None = None
+    quick: bool = False  # probe no framework: only the Slurm job is checked
 
     def __post_init__(self):
         if self.framework is not None and self.framework not in FRAMEWORKS:
@@ -120,7 +121,9 @@ class Job:
         return self.dist in (None, "horovod")
 
     def probes(self) -> dict[str, str]:
-        """The probe programs this job needs, by name."""
+        """The probe programs this job needs, by name (none when quick)."""
+        if self.quick:
+            return {}
         names = {"torch": "pytorch" in self.frameworks, "tensorflow": "tensorflow" in self.frameworks,
                  "horovod": self.needs_horovod}
         code = dict(_PROBES)
@@ -132,6 +135,10 @@ class Job:
         if self.whole_guide:
             return "the whole guide"
         return f"--framework {self.frameworks[0]}" + (f" --dist {self.dist}" if self.dist else "")
+
+    def skipped(self) -> str:
+        """How the report shows a part of the stack that was not probed."""
+        return "not checked (--quick)" if self.quick else f"not checked (not used by {self.describe()})"
 
 
 @dataclass
@@ -213,7 +220,7 @@ def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_L
         setattr(facts, name, result)
         if error:
             facts.errors[name] = error
-    if job.needs_horovod:
+    if job.needs_horovod and not job.quick:
         facts.mpi = _mpi_version()
     try:
         facts.slurm = SlurmJob.from_env(env)
@@ -226,14 +233,14 @@ def diagnose(facts: Facts) -> Diagnosis:
     """Warnings for what will hurt; problems for what makes ``facts.job`` impossible."""
     warnings: list[str] = []
     problems: list[str] = []
-    job = facts.job
-    if "pytorch" in job.frameworks:
+    job, probed = facts.job, facts.job.probes()
+    if "torch" in probed:
         problems += _torch_problems(facts)
-    if "tensorflow" in job.frameworks:
+    if "tensorflow" in probed:
         tf_problems = _tensorflow_problems(facts)
         # The whole guide runs without TensorFlow, less chapter 8: only then a warning.
         (warnings if job.whole_guide else problems).extend(tf_problems)
-    if job.needs_horovod:
+    if "horovod" in probed:
         hvd_problems, hvd_warnings = _horovod_findings(facts)
         problems += hvd_problems
         warnings += hvd_warnings
@@ -320,8 +327,7 @@ def _mark(flags: Mapping[str, bool] | None) -> str:
 
 def render(facts: Facts, diagnosis: Diagnosis) -> str:
     """The report a person reads; one ``name: value`` line per fact."""
-    probed = facts.job.probes()
-    skipped = f"not checked (not used by {facts.job.describe()})"
+    probed, skipped = facts.job.probes(), facts.job.skipped()
     rows: list[tuple[str, str]] = [("host", facts.host), ("python", facts.python)]
     t = facts.torch
     if "torch" in probed:
@@ -345,7 +351,8 @@ def render(facts: Facts, diagnosis: Diagnosis) -> str:
     if "horovod" in probed:
         rows.append(("mpi", facts.mpi or "none on PATH"))
     gpus = facts.gpus
-    rows.append(("gpus", f"{len(gpus)} x {gpus[0]['name']} ({gpus[0]['memory_gib']} GiB)" if gpus else "none"))
+    rows.append(("gpus", f"{len(gpus)} x {gpus[0]['name']} ({gpus[0]['memory_gib']} GiB)" if gpus
+                 else skipped if facts.job.quick else "none"))
     job = facts.slurm
     if job is None:
         rows.append(("slurm job", "none (not inside a Slurm allocation)"))
@@ -361,7 +368,8 @@ def render(facts: Facts, diagnosis: Diagnosis) -> str:
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
     lines += [f"WARNING: {w}" for w in diagnosis.warnings]
     lines += [f"PROBLEM: {p}" for p in diagnosis.problems]
-    lines.append("stack usable: " + ("yes" if diagnosis.usable else "NO") + f" (for {facts.job.describe()})")
+    verdict = "not checked (--quick)" if facts.job.quick else "yes" if diagnosis.usable else "NO"
+    lines.append(f"stack usable: {verdict} (for {facts.job.describe()})")
     return "\n".join(lines)
 
 
@@ -382,12 +390,15 @@ def main(argv: list[str] | None = None) -> int:
                              f"{DEFAULT_LOADER_WORKERS} for full)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="full",
                         help="training profile the job will run (sets the loader-worker default)")
+    parser.add_argument("--quick", action="store_true",
+                        help="check only the Slurm job, not the frameworks (each framework probe starts an "
+                             "interpreter: seconds of CPU; for CI jobs on a stack checked once per run)")
     parser.add_argument("--json", action="store_true", help="print the facts and diagnosis as JSON")
     args = parser.parse_args(argv)
     if args.loader_workers is None:
         args.loader_workers = make_config(args.profile).loader_workers
     job = Job(args.framework or ("pytorch" if args.dist in ("ddp", "none") else
-                                 "tensorflow" if args.dist == "mwms" else None), args.dist)
+                                 "tensorflow" if args.dist == "mwms" else None), args.dist, quick=args.quick)
     facts = gather(loader_workers=args.loader_workers, job=job)
     diagnosis = diagnose(facts)
     if args.json:

@@ -69,11 +69,11 @@ def _cache_dir(cache_dir: Path | None) -> Path:
 
 
 def _mnist1d_arrays(samples: int, seed: int, cache_dir: Path | None) -> dict[str, np.ndarray]:
-    import mnist1d
-    from mnist1d.data import get_dataset_args, make_dataset
+    from importlib.metadata import version
 
-    version = getattr(mnist1d, "__version__", "0")
-    key = hashlib.sha256(f"{samples}-{seed}-{version}".encode()).hexdigest()[:12]
+    # Keyed by the installed mnist1d, which is imported only to generate: importing it
+    # (matplotlib, scipy) costs each worker a CPU-second that a cache hit does not need.
+    key = hashlib.sha256(f"{samples}-{seed}-{version('mnist1d')}".encode()).hexdigest()[:12]
     directory = _cache_dir(cache_dir)
     path = directory / f"mnist1d-{samples}-seed{seed}-{key}.npz"
     want = ("x", "y", "x_test", "y_test")
@@ -86,6 +86,8 @@ def _mnist1d_arrays(samples: int, seed: int, cache_dir: Path | None) -> dict[str
         except Exception:  # noqa: BLE001 - any unreadable cache is regenerated
             pass
         warnings.warn(f"MNIST-1D cache {path} is unreadable; generating it again", stacklevel=3)
+    from mnist1d.data import get_dataset_args, make_dataset
+
     args = get_dataset_args()
     args.num_samples, args.seed = samples, seed
     # make_dataset prints progress; keep rank output clean.

@@ -255,10 +255,13 @@ class _Loaders:
 
 def _environment(dist) -> dict[str, Any]:
     """The run's environment: the shared facts plus PyTorch's own."""
-    import torch
-    import torchvision
+    from importlib.metadata import version
 
-    facts: dict[str, Any] = {"torch": torch.__version__, "torchvision": torchvision.__version__,
+    import torch
+
+    # The installed version, not torchvision.__version__: importing torchvision for a
+    # version string costs every worker over a CPU-second (it imports all its models).
+    facts: dict[str, Any] = {"torch": torch.__version__, "torchvision": version("torchvision"),
                              "device": str(dist.device), "cpu_threads": torch.get_num_threads(),
                              "gpu": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None}
     if dist.kind == "horovod":
