@@ -69,7 +69,9 @@ want=$(sha256sum requirements.txt requirements.lock pyproject.toml | sha256sum |
 if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
     say "installing the locked packages (with a cold package cache: ~1 min)"
     pip_install -c requirements.lock uv
-    uv=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" -c requirements.lock)
+    # --compile-bytecode: as pip does. Without it every process compiles what it imports, each
+    # time where PYTHONDONTWRITEBYTECODE is set (CI machines often set it): seconds per import.
+    uv=("$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" -c requirements.lock)
     "${uv[@]}" pip setuptools wheel  # pip: Horovod's build below; setuptools, wheel: editable installs
     "${uv[@]}" -r requirements.txt
     "${uv[@]}" --no-deps -e .

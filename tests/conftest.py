@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,15 @@ REPO = Path(__file__).resolve().parents[1]
 # beside the tests, so the two cores are always shared, and torch's default (a thread per
 # core in every process) makes the threads wait on each other. Set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A CI runner stops a job with SIGTERM. As an interruption, pytest still tears the fixtures
+# down: the test Slurm's daemons, its jobs and the book build do not outlive the session.
+signal.signal(signal.SIGTERM, _interrupted)
 BOOK_TIMEOUT = 1150  # seconds left to wait for the book when its readers start (under pytest-timeout)
 
 
