@@ -24,8 +24,8 @@ PROFILE = "apptainer-example"
 
 def test_the_image_is_made_by_the_venvs_setup_from_the_same_pins():
     """The package set inside the image is the lock's: the recipe copies requirements.txt
-    and requirements.lock and runs scripts/setup.sh, whose every pip install is constrained
-    by the lock (the same command made this venv, which test_lock checks equals the lock);
+    and requirements.lock and runs scripts/setup.sh, whose every install (pip's and uv's) is
+    constrained by the lock (the same command made this venv, which test_lock checks equals the lock);
     nothing else is pip-installed."""
     s = sections(DEF.read_text())
     assert s["header"][:2] == ["Bootstrap: docker", "From: python:3.11-slim-bookworm"]  # Debian 12, CPython 3.11
@@ -36,10 +36,13 @@ def test_the_image_is_made_by_the_venvs_setup_from_the_same_pins():
     post = "\n".join(s["post"])
     assert re.search(r"^VENV=/opt/guide/venv PYTHON=python3\.11 scripts/setup\.sh$", post, re.M)
     assert "pip" not in post, "packages come from scripts/setup.sh and the lock only"
-    installs = [ln for ln in (REPO / "scripts" / "setup.sh").read_text().splitlines()
-                if re.match(r"\s*pip_install ", ln)]
-    assert installs and all("-c requirements.lock" in ln or "--no-deps -e ." in ln for ln in installs), installs
-    assert any("-r requirements.txt -c requirements.lock" in ln for ln in installs)
+    # pip installs uv and the Horovod wheel, uv everything else; every command is under the lock.
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    (uv,) = re.findall(r"^\s*uv=\((.*)\)$", setup, re.M)
+    assert re.search(r"\bpip install\b.* -c requirements\.lock$", uv), uv
+    installs = [ln.strip() for ln in setup.splitlines() if re.match(r'\s*(pip_install |"\$\{uv\[@\]\}" )', ln)]
+    assert installs and all(ln.startswith('"${uv[@]}"') or "-c requirements.lock" in ln for ln in installs), installs
+    assert any(re.match(r'"\$\{uv\[@\]\}" -r requirements\.txt$', ln) for ln in installs), installs
     assert "export PATH=/opt/guide/venv/bin:$PATH" in s["environment"]
     assert any("horovodrun --check-build" in ln for ln in s["test"])
 
