@@ -46,7 +46,7 @@ def make_image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog"),
 # --- the book, built once per session, in the background ------------------------------
 # The book build executes every notebook; nothing else in the session needs it until the
 # tests that read its output. So it starts as soon as the tests are collected and runs
-# beside them, and those tests run last (see _phase).
+# beside them, and those tests run last.
 
 _BOOK: dict = {}
 
@@ -55,19 +55,8 @@ def _uses_the_book(item) -> bool:
     return "built_book" in getattr(item, "fixturenames", ())
 
 
-def _phase(item) -> int:
-    """0: tests that start background work (the sbatch examples' jobs on the test Slurm),
-    1: the rest, 2: tests that wait for that work, 3: the book's readers. Background work
-    keeps both cores busy while the tests in between start one process at a time."""
-    if item.get_closest_marker("starts_background"):
-        return 0
-    if _uses_the_book(item):
-        return 3
-    return 2 if item.get_closest_marker("waits_background") else 1
-
-
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=_phase)  # stable: within a phase, in their own order
+    items.sort(key=_uses_the_book)  # stable: the book's readers last, in their own order
 
 
 def pytest_collection_finish(session):

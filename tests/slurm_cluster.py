@@ -23,7 +23,6 @@ the tail of the daemons' logs, and must fail the tests that need the cluster.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
 import shutil
@@ -65,9 +64,6 @@ def ensure_installed() -> None:
         if out.returncode != 0:
             tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
             raise SlurmUnavailable(f"Slurm and munge are missing and `{' '.join(cmd)}` failed: {tail}")
-
-
-_CLUSTERS_STARTED = itertools.count()
 
 
 def _free_ports(n: int) -> list[int]:
@@ -183,12 +179,8 @@ class SlurmCluster:
         host = socket.gethostname().split(".")[0]
         nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} "
                           f"RealMemory=4000 State=UNKNOWN" for n, p in zip(NODES, node_ports))
-        # Clusters that run at once (the session's, with the sbatch examples' jobs, and a
-        # module's) number their jobs apart: a job's rendezvous port comes from its id.
-        first_job_id = 1 + 1000 * next(_CLUSTERS_STARTED)
         self.conf.write_text(f"""\
 ClusterName=guideci
-FirstJobId={first_job_id}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmUser=root
@@ -429,8 +421,8 @@ def start_or_skip(cluster: "SlurmCluster") -> "SlurmCluster":
 
 
 def module_cluster(tmp_path_factory):
-    """The body of every test module's ``cluster`` fixture: one started test Slurm for the
-    module's tests (for the session's, in test_slurm_examples.py), stopped after them."""
+    """The body of every test module's ``cluster`` fixture (module scope): one started test
+    Slurm for the module's tests, stopped after them."""
     c = start_or_skip(SlurmCluster(tmp_path_factory.mktemp("slurm")))
     yield c
     c.stop()

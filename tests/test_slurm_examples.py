@@ -6,9 +6,8 @@ scratch like ImageNet would be. Each test checks what a user would: the job COMP
 exit code 0 (or failed early, with the one line that says why), and the run records the
 notebooks read are there with every epoch.
 
-The jobs of all selected tests are submitted together when the session starts (``JOBS``,
-keyed by test name; the session-scoped ``batch``) and run side by side, beside the rest of
-the suite; this module's tests run at the end of the session, each waiting for its own. Short epochs
+The jobs of all selected tests are submitted together at the start (``JOBS``, keyed by test
+name) and run side by side; each test then waits for its own. Short epochs
 (``--max-steps-per-epoch``) where a test checks the plumbing, not the training.
 """
 
@@ -35,14 +34,13 @@ EXAMPLES = REPO / "slurm_examples"
 SHORT = ("--max-steps-per-epoch", "6")  # every epoch's plumbing (records, resume, sync check), little compute
 QUICK = ("--epochs", "2", *SHORT)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.waits_background]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
 
-# Session scope: the cluster and its jobs outlive this module's place in the run (see batch).
-cluster = pytest.fixture(scope="session", name="cluster")(slurm_cluster.module_cluster)
+cluster = pytest.fixture(scope="module", name="cluster")(slurm_cluster.module_cluster)
 
 
-archive = pytest.fixture(scope="session", name="archive")(slurm_cluster.digits_archive)
+archive = pytest.fixture(scope="module", name="archive")(slurm_cluster.digits_archive)
 
 
 @dataclass
@@ -237,7 +235,7 @@ class Batch:
         """What Slurm's --signal=B:USR1@T does at the time limit, as soon as an epoch is
         done, instead of waiting for a short limit to come near."""
         (job_id,) = sub.ids
-        end = time.monotonic() + 600  # the jobs share the machine with the rest of the suite
+        end = time.monotonic() + 300
         while time.monotonic() < end and self.cluster.finished(job_id) is None:
             if re.search(r"^\[train\] epoch 1/", sub.log(), re.M):
                 subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=self.cluster.env,
@@ -257,7 +255,7 @@ class Batch:
         self.stack.close()  # unmount the full scratch disk, also when a test failed
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def batch(request, cluster, archive, tmp_path_factory):
     here = Path(__file__)
     selected = {item.name for item in request.session.items if Path(item.fspath) == here}
@@ -276,14 +274,6 @@ def _finished(run, epochs: int = 2) -> None:
     assert run.epochs["epoch"].tolist() == list(range(1, epochs + 1)), run.path
     assert run.summary is not None and run.summary["completed_epochs"] == epochs, run.path
     assert run.summary["ranks_agree"], run.summary  # every worker ended with the same weights
-
-
-@pytest.mark.starts_background
-def test_every_job_is_submitted_when_the_session_starts(batch):
-    """Runs first in the session (tests/conftest.py): the jobs then run beside every other
-    test, and the tests below, which wait for them, run last."""
-    ids = {name: sub.ids for name, sub in batch.subs.items()}
-    assert ids and all(job_ids and all(i.isdigit() for i in job_ids) for job_ids in ids.values()), ids
 
 
 # -- The cluster itself ------------------------------------------------------------------------
