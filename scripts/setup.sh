@@ -67,7 +67,7 @@ pip_install() {
 stamp="$VENV/.requirements.sha256"
 want=$(sha256sum requirements.txt requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
-    say "installing the locked packages (with a cold package cache: ~1 min)"
+    say "installing the locked packages (~1 min; longer while uv's cache is empty)"
     pip_install -c requirements.lock uv
     # --compile-bytecode: as pip does. Without it every process compiles what it imports, each
     # time where PYTHONDONTWRITEBYTECODE is set (CI machines often set it): seconds per import.

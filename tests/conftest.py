@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # One thread per process, here and in every process the tests start: the book build runs
 # beside the tests, so the two cores are always shared, and torch's default (a thread per
-# core in every process) makes the threads wait on each other. Set before torch loads.
+# core in every process) oversubscribes them. Set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -28,6 +28,7 @@ def _interrupted(signum, frame):
 # A CI runner stops a job with SIGTERM. As an interruption, pytest still tears the fixtures
 # down: the test Slurm's daemons, its jobs and the book build do not outlive the session.
 signal.signal(signal.SIGTERM, _interrupted)
+
 BOOK_TIMEOUT = 1150  # seconds left to wait for the book when its readers start (under pytest-timeout)
 
 

@@ -274,3 +274,22 @@ def test_apptainer_flags_as_a_string_are_one_clear_line(tmp_path):
     assert out.returncode == 2 and not calls
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("error: GUIDE_APPTAINER_FLAGS in ") and "must be an array" in line
+
+
+@pytest.mark.parametrize("doctor", ["quick", "fast"])
+def test_guide_doctor_quick_reaches_the_doctor_and_a_typo_is_one_line(tmp_path, doctor):
+    """GUIDE_DOCTOR=quick adds --quick to the job's doctor call; any other value stops the job
+    at the site check, with one line naming the value and the choices."""
+    container = tmp_path / "guide.sif"
+    container.write_text("")
+    profile = APPTAINER_PROFILE.format(container=container, flags="()") + f"GUIDE_DOCTOR={doctor}\n"
+    out, calls = _source_guide(tmp_path, profile, "guide_setup pytorch ddp")
+    if doctor == "fast":
+        assert out.returncode == 2 and not calls
+        (line,) = out.stderr.strip().splitlines()
+        assert line == f"error: GUIDE_DOCTOR='fast' in {tmp_path / 'my site.sh'} must be full or quick (or unset: full)"
+    else:
+        assert out.returncode == 0, out.stderr
+        (call,) = calls
+        assert call[call.index("doctor"):] == ["doctor", "--framework", "pytorch", "--dist", "ddp", "--profile", "smoke",
+                                               "--quick"], call
