@@ -44,25 +44,22 @@ says when, on what, from which commit and with which versions it was made.
 
 from __future__ import annotations
 
-import datetime as _dt
-import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..cli import ArgumentParser, one_line_errors
 from ..errors import GuideError
 from .experiments import SMOKE_BATCH as BASE_BATCH
 from .experiments import SMOKE_QUALITY
+from . import study
 
 PROG = "python -m guide_utils large-batch"
 SAMPLES = 40_960
 TRAIN_SAMPLES = int(SAMPLES * 0.8)  # MNIST-1D's own split: 32,768
-SETTINGS = {**SMOKE_QUALITY, "mnist1d_samples": SAMPLES, "progress": False}
+SETTINGS = {**SMOKE_QUALITY, "mnist1d_samples": SAMPLES, "progress": False, "quiet": True}
 WARMUP = {"warmup": "gradual", "warmup_epochs": 5, "warmup_start_batch": BASE_BATCH}
 METHODS = {"linear+warmup": {"optimizer": "sgd", "lr_scaling": "linear"},
            "sqrt+warmup": {"optimizer": "sgd", "lr_scaling": "sqrt"},
@@ -73,9 +70,11 @@ TUNING = {"sgd": (0.025, 0.05, 0.1), "lars": (1.0, 2.0, 4.0), "lamb": (0.002, 0.
 TUNING_SEED = 0
 TUNING_EPOCHS = 5
 KS = (32, 256)
-SEEDS = (0, 1)
+SEEDS = (0, 1, 2, 3, 4)
+THREADS = (1, 2)
 CURVE_COLUMNS = ("val_curve", "train_curve")
-COLUMNS = ["stage", "k", "method", "optimizer", "lr_scaling", "seed", "epochs", "global_batch", "base_lr", "peak_lr",
+KEY = ["stage", "k", "method", "optimizer", "base_lr", "seed", "threads"]  # what identifies a run
+COLUMNS = ["stage", "k", "method", "optimizer", "lr_scaling", "seed", "threads", "epochs", "global_batch", "base_lr", "peak_lr",
            "steps_per_epoch", "best_val_top1_err", "final_val_top1_err", "seconds", "cpu_seconds", *CURVE_COLUMNS]
 
 
@@ -100,6 +99,10 @@ class Point:
     @property
     def lr_scaling(self) -> str:
         return "linear" if self.method == "baseline" else METHODS[self.method]["lr_scaling"]
+
+    def key(self) -> dict:
+        return {"stage": self.stage, "k": self.k, "method": self.method, "optimizer": self.optimizer,
+                "base_lr": self.base_lr, "seed": self.seed}
 
     def settings(self, **overrides) -> dict:
         """``TrainConfig`` overrides of this point (on top of the smoke profile)."""
@@ -138,6 +141,8 @@ def _check(ks: list[int], methods: list[str]) -> None:
 
 def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     """Train one point through the engine; its row of the results table (see ``COLUMNS``)."""
+    import torch
+
     from ..config import make_config
     from ..engine import train
     from ..scaling import scaled_lr
@@ -150,7 +155,8 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     val = [e["val_top1_err"] for e in result.epochs]
     train_err = [e["train_top1_err"] for e in result.epochs]
     return {"stage": point.stage, "k": point.k, "method": point.method, "optimizer": point.optimizer,
-            "lr_scaling": point.lr_scaling, "seed": point.seed, "epochs": cfg.epochs,
+            "lr_scaling": point.lr_scaling, "seed": point.seed, "threads": torch.get_num_threads(),
+            "epochs": cfg.epochs,
             "global_batch": cfg.per_worker_batch, "base_lr": point.base_lr,
             "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
             "steps_per_epoch": TRAIN_SAMPLES // cfg.per_worker_batch if cfg.mnist1d_samples == SAMPLES else None,
@@ -159,67 +165,10 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
             "val_curve": " ".join(f"{v:.3f}" for v in val), "train_curve": " ".join(f"{v:.3f}" for v in train_err)}
 
 
-def _one_thread() -> None:
-    # Runs side by side share the cores: one thread each (the engine keeps OMP_NUM_THREADS).
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-
-    torch.set_num_threads(1)
-
-
-def _train_all(pts: list[Point], results_dir, jobs: int, report, overrides: dict):
-    """Train ``pts`` (``jobs`` at a time), calling ``report(row)`` as each finishes."""
-    if jobs == 1:
-        for p in pts:
-            report(run_point(p, results_dir, **overrides))
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
-        for fut in as_completed([pool.submit(run_point, p, results_dir, **overrides) for p in pts]):
-            report(fut.result())
-
-
-def replay(point: Point, results_dir: str | Path, *, epochs: int = 2) -> dict:
-    """The first ``epochs`` epochs of a recorded point, trained again as the recording trained
-    it (a fresh process, one thread, quietly): its row, whose ``val_curve`` should start like
-    the record's. The schedule of the first epochs does not depend on the run's length, so
-    they are the same epochs as the full run's."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread) as pool:
-        return pool.submit(run_point, point, results_dir, epochs=epochs, quiet=True).result()
-
-
 def recorded_point(table, k: int, method: str, seed: int = 0) -> tuple[Point, object]:
     """The ``Point`` that made a recorded row of the study, and the row."""
     row = full_runs(table).query("k == @k and method == @method and seed == @seed").iloc[0]
     return Point(int(row["k"]), row["method"], row["optimizer"], float(row["base_lr"]), int(row["seed"])), row
-
-
-def provenance(argv: list[str] | None = None, jobs: int = 1) -> str:
-    """The CSV's first line: what made it, when, on what, from which commit, with which versions."""
-    from importlib.metadata import version
-
-    from ..results.plots import hardware_label
-
-    root = Path(__file__).resolve().parents[3]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                                text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        commit, dirty = "", ""
-    commit = (commit + (" with uncommitted changes" if dirty else "")) if commit else "unknown (not a git checkout)"
-    versions = ", ".join(f"{p} {version(p)}" for p in ("torch", "timm", "mnist1d", "numpy"))
-    command = " ".join([PROG, *(argv or [])])
-    threads = "1 thread per run" if jobs > 1 else f"{os.environ.get('OMP_NUM_THREADS', 'default')} threads"
-    return (f"MNIST-1D large-batch sweep ({command}); measured {_dt.date.today().isoformat()} on "
-            f"{hardware_label()}; {jobs} run(s) at a time, {threads}; commit {commit}; "
-            f"Python {platform.python_version()}, {versions}")
 
 
 def chosen_lrs(table) -> dict[str, float]:
@@ -241,42 +190,44 @@ def full_runs(table):
     return table[table["stage"] == "study"]
 
 
-def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), results_dir="results/large-batch",
-        jobs: int = 1, argv: list[str] | None = None, overrides: dict | None = None):
-    """Tune at k = 1, then train every point; rows are appended to ``out`` (never overwritten).
+def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), threads: Sequence[int] = THREADS,
+        results_dir="results/large-batch", jobs: int = 1, resume: bool = False, argv: list[str] | None = None,
+        overrides: dict | None = None):
+    """Tune at k = 1 (at the first thread count), then train every point at every thread count;
+    rows are appended to ``out`` (never overwritten; ``resume`` finishes an interrupted file).
     ``overrides`` change the settings of every run (tests shrink the problem with them)."""
     import pandas as pd
 
     ks, seeds, methods = list(ks), list(seeds), list(methods)
     _check(ks, methods)
+    threads = study.check_threads(threads, jobs)
     if TUNING_SEED not in seeds:
         raise GuideError(f"--seeds must include {TUNING_SEED}, the seed the k = 1 tuning runs use")
-    out = Path(out)
-    if out.exists():
-        raise GuideError(f"{out} already exists; choose another --out (results are never overwritten)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("x", encoding="utf-8") as fh:
-        fh.write(f"# {provenance(argv, jobs)}\n{','.join(COLUMNS)}\n")
-    rows: list[dict] = []
-    # SGD always: its k = 1 baseline is the reference every method is measured against.
-    optimizers = list(dict.fromkeys(["sgd", *(METHODS[m]["optimizer"] for m in methods)]))
-    tuning = tuning_points(optimizers)
-    total = [len(tuning)]
+    command = " ".join([PROG, *(argv if argv is not None else ["run", "--out", str(out)])])
+    header = study.provenance("MNIST-1D large-batch sweep", command, threads=threads, jobs=jobs)
+    sink = study.Sink(out, COLUMNS, header, key=KEY, resume=resume)
+    count = [len(sink.done)]
 
     def report(row: dict) -> None:
-        rows.append(row)
-        with out.open("a", encoding="utf-8") as fh:
-            fh.write(",".join("" if row[c] is None else str(row[c]) for c in COLUMNS) + "\n")
-        print(f"[large-batch] {len(rows)}/{total[0]} {row['stage']} k={row['k']} {row['method']} "
-              f"({row['optimizer']}, base lr {row['base_lr']:g}) seed {row['seed']}: "
-              f"best val error {row['best_val_top1_err']:.2f} % "
-              f"({row['cpu_seconds']:.0f} s CPU)", file=sys.stderr, flush=True)
+        sink.write(row)
+        count[0] += 1
+        print(f"[large-batch] run {count[0]}: {row['stage']} k={row['k']} {row['method']} "
+              f"({row['optimizer']}, base lr {row['base_lr']:g}) seed {row['seed']} x{row['threads']} thread(s): "
+              f"best val error {row['best_val_top1_err']:.2f} % ({row['cpu_seconds']:.0f} s CPU)",
+              file=sys.stderr, flush=True)
 
-    _train_all(tuning, results_dir, jobs, report, overrides or {})
-    lrs = chosen_lrs(pd.DataFrame(rows, columns=COLUMNS))
-    rest = sweep_points(lrs, ks, seeds, methods)
-    total[0] += len(rest)
-    _train_all(rest, results_dir, jobs, report, overrides or {})
+    def todo(pts: list[Point], t: int) -> list[Point]:
+        return [p for p in pts if sink.key({**p.key(), "threads": t}) not in sink.done]
+
+    def train_all(pts: list[Point], t: int) -> None:
+        study.train_all(todo(pts, t), run_point, t, jobs, report, results_dir=results_dir, **(overrides or {}))
+
+    # SGD always: its k = 1 baseline is the reference every method is measured against.
+    optimizers = list(dict.fromkeys(["sgd", *(METHODS[m]["optimizer"] for m in methods)]))
+    train_all(tuning_points(optimizers), threads[0])
+    lrs = chosen_lrs(load(out))
+    for t in threads:
+        train_all(sweep_points(lrs, ks, seeds, methods), t)
     return load(out)
 
 
@@ -364,17 +315,33 @@ def cluster_commands(nodes: int = 64, gpus_per_node: int = 4, per_gpu: int = 32)
     return {m: f"{submit}{f}   # global batch {gbatch}" for m, f in flags.items()}
 
 
+def outcomes(table, within: float = 1.0, by=("k", "method")):
+    """Per (k, method) of ``curves(table)``: runs, median, best, worst, and how many runs ended
+    within ``within`` points of the k = 1 SGD baseline's median (``study.outcomes``)."""
+    runs = curves(table)
+    reference = float(runs[runs["method"] == "baseline"]["best_val_top1_err"].median())
+    return study.outcomes(runs, list(by), reference, within=within)
+
+
+def format_outcomes(table, within: float = 1.0) -> str:
+    return study.format_outcomes(table, lambda r: f"k={r.k:<4} {r.method:<14}"
+                                 + (f" x{r.threads}" if hasattr(r, "threads") else ""), within=within)
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="tune the base learning rates at k = 1, then train every point")
-    r.add_argument("--out", required=True, help="CSV of the results (must not exist yet)")
+    r.add_argument("--out", required=True, help="CSV of the results (must not exist yet, unless --resume)")
     r.add_argument("--ks", type=int, nargs="+", default=list(KS), help="scaling factors (default: 32 256)")
-    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 1)")
+    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 to 4)")
     r.add_argument("--methods", nargs="+", default=list(METHODS), help=", ".join(METHODS))
-    r.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each (default: 1)")
+    r.add_argument("--threads", type=int, nargs="+", default=list(THREADS),
+                   help="CPU threads per run; every point is trained at each, the tuning at the first (default: 1 2)")
+    r.add_argument("--jobs", type=int, default=1, help="cores to keep busy (runs at a time x threads; default 1)")
     r.add_argument("--results-dir", default="results/large-batch", help="where the run records go")
-    s = sub.add_parser("summary", help="means and spreads of a large-batch CSV")
+    r.add_argument("--resume", action="store_true", help="finish an interrupted --out: train only its missing runs")
+    s = sub.add_parser("summary", help="medians, worst runs and counts of a large-batch CSV")
     s.add_argument("csv")
     return p
 
@@ -386,14 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "summary":
         table = load(args.csv)
     else:
-        if not 1 <= args.jobs <= (os.cpu_count() or 1):
-            raise GuideError(f"--jobs must be 1 to {os.cpu_count()} (one core per run), got {args.jobs}")
-        table = run(args.out, ks=args.ks, seeds=args.seeds, methods=args.methods, results_dir=args.results_dir,
-                    jobs=args.jobs, argv=argv)
+        table = run(args.out, ks=args.ks, seeds=args.seeds, methods=args.methods, threads=args.threads,
+                    results_dir=args.results_dir, jobs=args.jobs, resume=args.resume, argv=argv)
     print(table.attrs["source"])
     print(f"base learning rates chosen at k = 1: {chosen_lrs(table)}; {len(table)} runs, "
           f"{cpu_hours(table):.2f} CPU-hours")
-    print(format_summary(summarise(table)))
+    print(format_outcomes(outcomes(table)))
     return 0
 
 

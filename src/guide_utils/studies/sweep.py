@@ -22,29 +22,30 @@ with other jobs for part of its 24 minutes).
 
 from __future__ import annotations
 
-import datetime as _dt
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..cli import ArgumentParser, one_line_errors
 from ..errors import GuideError
 from .experiments import SMOKE_BATCH as BASE_BATCH
 from .experiments import SMOKE_QUALITY
-from ..results.plots import hardware_label
+from . import study
 
 PROG = "python -m guide_utils sweep"
 # The catalogue's smoke quality settings: a sweep point is a smoke run of chapters 4-6.
-SETTINGS = {**SMOKE_QUALITY, "progress": False}
+SETTINGS = {**SMOKE_QUALITY, "progress": False, "quiet": True}
 METHODS = {"naive": {"lr_scaling": "none", "warmup": "none"},
            "linear": {"lr_scaling": "linear", "warmup": "none"},
            # gradual warmup from the k = 1 learning rate, as from one GPU's in the thesis
            "linear+warmup": {"lr_scaling": "linear", "warmup": "gradual", "warmup_epochs": 5,
                              "warmup_start_batch": BASE_BATCH}}
 KS = (4, 8, 16, 32)
-SEEDS = (0, 1, 2)
-COLUMNS = ["k", "method", "seed", "global_batch", "peak_lr", "best_val_top1_err", "final_val_top1_err", "seconds"]
+SEEDS = (0, 1, 2, 3, 4)
+THREADS = (1, 2)
+KEY = ["k", "method", "seed", "threads"]  # what identifies a run in the CSV
+COLUMNS = ["k", "method", "seed", "threads", "global_batch", "peak_lr", "best_val_top1_err", "final_val_top1_err", "seconds"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class Point:
     @property
     def name(self) -> str:
         return f"sweep-k{self.k}-{self.method.replace('+', '-')}-seed{self.seed}"
+
+    def key(self) -> dict:
+        return {"k": self.k, "method": self.method, "seed": self.seed}
 
     def settings(self, **overrides) -> dict:
         method = METHODS["linear"] if self.method == "baseline" else METHODS[self.method]
@@ -77,6 +81,8 @@ def points(ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS, methods: Iterab
 
 def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     """Train one point through the engine; returns its row of the results table."""
+    import torch
+
     from ..config import make_config
     from ..engine import train
     from ..scaling import scaled_lr
@@ -85,33 +91,47 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     cfg.extra = {"sweep": {"k": point.k, "method": point.method, "seed": point.seed}}
     result = train(cfg)
     errs = [e["val_top1_err"] for e in result.epochs]
-    return {"k": point.k, "method": point.method, "seed": point.seed, "global_batch": cfg.per_worker_batch,
+    return {**point.key(), "threads": torch.get_num_threads(), "global_batch": cfg.per_worker_batch,
             "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
             "best_val_top1_err": round(min(errs), 3), "final_val_top1_err": round(errs[-1], 3),
             "seconds": round(sum(e["seconds"] for e in result.epochs), 1)}
 
 
-def run(pts: list[Point], results_dir: str | Path, out: str | Path | None = None, progress: bool = True):
-    """Train every point (skipping none), append rows to ``out`` as they finish, return the table."""
+def run(pts: list[Point], results_dir: str | Path, out: str | Path | None = None, *,
+        threads: Sequence[int] = THREADS, jobs: int = 1, resume: bool = False, argv: list[str] | None = None,
+        progress: bool = True):
+    """Train every point at every thread count (``jobs`` cores busy), appending rows to ``out``
+    as they finish; with ``resume`` the runs ``out`` already holds are skipped. Returns the
+    table of this call's runs (all of ``out`` when it was given)."""
     import pandas as pd
-    from tqdm import tqdm
 
-    rows = []
+    threads = study.check_threads(threads, jobs)
+    rows: list[dict] = []
+    sink = None
     if out is not None:
-        out = Path(out)
-        if out.exists():
-            raise GuideError(f"{out} already exists; choose another --out (results are never overwritten)")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("x", encoding="utf-8") as fh:
-            fh.write(f"# MNIST-1D quality sweep ({PROG}); measured {_dt.date.today().isoformat()} on "
-                     f"{hardware_label()}\n{','.join(COLUMNS)}\n")
-    for point in tqdm(pts, desc="sweep", disable=not progress, file=sys.stderr):
-        row = run_point(point, results_dir)
+        command = " ".join([PROG, *(argv if argv is not None else ["run"])])
+        header = study.provenance("MNIST-1D quality sweep", command, threads=threads, jobs=jobs)
+        sink = study.Sink(out, COLUMNS, header, key=KEY, resume=resume)
+    todo = {t: [p for p in pts if sink is None or sink.key({**p.key(), "threads": t}) not in sink.done]
+            for t in threads}
+    bar = study.progress("sweep", sum(map(len, todo.values()))) if progress else None
+
+    def report(row: dict) -> None:
         rows.append(row)
-        if out is not None:
-            with out.open("a", encoding="utf-8") as fh:
-                fh.write(",".join(str(row[c]) for c in COLUMNS) + "\n")
-    return pd.DataFrame(rows, columns=COLUMNS)
+        if sink is not None:
+            sink.write(row)
+        if bar is not None:
+            bar.update()
+            bar.set_postfix_str(f"k={row['k']} {row['method']} seed {row['seed']} x{row['threads']}: "
+                                f"{row['best_val_top1_err']:.2f} %")
+
+    try:
+        for t, tasks in todo.items():
+            study.train_all(tasks, run_point, t, jobs, report, results_dir=results_dir)
+    finally:
+        if bar is not None:
+            bar.close()
+    return load(out) if out is not None else pd.DataFrame(rows, columns=COLUMNS)
 
 
 def load(path: str | Path):
@@ -168,31 +188,54 @@ def format_summary(summary) -> str:
     return "\n".join(lines)
 
 
+def baseline_median(table, metric: str = "best_val_top1_err") -> float:
+    """The reference every method is judged against: the median of the k = 1 runs."""
+    return float(table[table["method"] == "baseline"][metric].median())
+
+
+def outcomes(table, within: float = 1.0, by=("k", "method")):
+    """Per point: runs, median, best, worst, and how many runs ended within ``within`` points
+    of the baseline's median (``study.outcomes``); ``by`` may add ``threads``."""
+    return study.outcomes(table, list(by), baseline_median(table), within=within)
+
+
+def format_outcomes(table, within: float = 1.0) -> str:
+    return study.format_outcomes(table, lambda r: f"k={r.k:<3} {r.method:<14}"
+                                 + (f" x{r.threads}" if hasattr(r, "threads") else ""), within=within)
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train every point of the sweep")
     r.add_argument("--ks", type=int, nargs="+", default=list(KS), help="scaling factors (default: 4 8 16 32)")
-    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 1 2)")
+    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 to 4)")
     r.add_argument("--methods", nargs="+", default=list(METHODS), help="naive, linear, linear+warmup")
+    r.add_argument("--threads", type=int, nargs="+", default=list(THREADS),
+                   help="CPU threads per run; every point is trained at each (default: 1 2)")
+    r.add_argument("--jobs", type=int, default=1, help="cores to keep busy (runs at a time x threads; default 1)")
     r.add_argument("--results-dir", default="results/sweep", help="where the run records go")
-    r.add_argument("--out", help="CSV of the results (must not exist yet)")
-    s = sub.add_parser("summary", help="means and spreads of a sweep CSV")
+    r.add_argument("--out", help="CSV of the results (must not exist yet, unless --resume)")
+    r.add_argument("--resume", action="store_true", help="finish an interrupted --out: train only its missing runs")
+    s = sub.add_parser("summary", help="medians, worst runs and counts of a sweep CSV")
     s.add_argument("csv")
     return p
 
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.command == "summary":
         table = load(args.csv)
         print(table.attrs["source"])
-        print(format_summary(summarise(table)))
-        return 0
-    pts = points(args.ks, args.seeds, args.methods)
-    table = run(pts, args.results_dir, args.out)
-    print(format_summary(summarise(table)))
+    else:
+        if args.resume and not args.out:
+            raise GuideError("--resume needs --out, the CSV to finish")
+        pts = points(args.ks, args.seeds, args.methods)
+        table = run(pts, args.results_dir, args.out, threads=args.threads, jobs=args.jobs, resume=args.resume,
+                    argv=argv)
+    print(format_outcomes(outcomes(table)))
     return 0
 
 
