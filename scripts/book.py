@@ -88,6 +88,13 @@ def execute(cache, notebooks: list[Path], timeout: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // at_once)))
     print(f"[book] executing {len(stale)} notebook(s), {at_once} at a time, {os.environ['OMP_NUM_THREADS']} "
           "thread(s) each: " + ", ".join(Path(r.uri).stem for r in stale), flush=True)
+    # Kernels talk to the executor over IPC sockets in the user's private runtime directory
+    # rather than loopback TCP, which other users of a shared login node could read (ipykernel
+    # warns about it for every notebook). jupyter-cache passes no kernel-manager settings
+    # through, so the configurable's default is set for this process and its forked workers.
+    from jupyter_client.connect import ConnectionFileMixin
+
+    ConnectionFileMixin.transport.default_value = "ipc"
     logger = logging.getLogger("book")
     start = time.perf_counter()
     result = load_executor("local-parallel", cache, logger=logger).run_and_cache(

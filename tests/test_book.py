@@ -110,9 +110,12 @@ def test_html_shows_the_executed_output(built_book):
     page = (built_book / "html" / "notebooks" / "00_environment.html").read_text()
     assert "stack usable: yes" in page
     assert "final weights agree" in page
-    # chapter 6: the recorded sweep's figure with its numbers and spreads printed under it
+    assert "verdict: the guide&#39;s conclusions hold on this machine" in page or \
+        "verdict: the guide's conclusions hold on this machine" in page
+    # chapter 6: the recorded sweep's figure with each point's median, worst run and count under it
     page = (built_book / "html" / "notebooks" / "06_learning_rate_warmup.html").read_text()
-    assert "k=32  linear+warmup" in page and "+- " in page and "measured 20" in page
+    assert "k=32  linear+warmup" in page and "worst" in page and "within 1 point(s)" in page
+    assert "measured 20" in page
     assert page.count("<img") >= 2  # the schedules and the quality figure
 
 

@@ -58,7 +58,7 @@ def test_cli_records_a_tiny_study_two_at_a_time_and_refuses_to_overwrite(tmp_pat
     out = tmp_path / "s.csv"
     code = ("import sys; from guide_utils.studies import large_batch as lb; "
             "lb.TUNING.update(sgd=(0.05, 0.2), lars=(2.0,), lamb=(0.004,)); lb.TUNING_EPOCHS = 1; "
-            f"lb.run({str(out)!r}, ks=[2], seeds=[0], jobs=2, results_dir={str(tmp_path / 'r')!r}, "
+            f"lb.run({str(out)!r}, ks=[2], seeds=[0], threads=[1], jobs=2, results_dir={str(tmp_path / 'r')!r}, "
             "overrides=dict(mnist1d_samples=2000, epochs=2, milestones=(1,), warmup_epochs=1))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -89,15 +89,18 @@ def test_recorded_study_is_complete_and_labelled():
     table = lb.recorded()
     source = table.attrs["source"]
     assert re.search(r"commit [0-9a-f]{12};", source), "the recording must name a clean commit"
-    for needle in ("measured 20", "cores", "torch 2.14.1", "timm 1.0.31", "mnist1d 0.0.2.post1",
-                   "large-batch run --out src/guide_utils/results/recorded/large_batch_mnist1d.csv"):
+    for needle in ("measured 20", "cores", "AVX", "1 and 2 thread(s) per run", "torch 2.14.1", "timm 1.0.31",
+                   "mnist1d 0.0.2.post1",
+                   "large-batch run --jobs 2 --out src/guide_utils/results/recorded/large_batch_mnist1d.csv"):
         assert needle in source
     chosen = lb.chosen_lrs(table)
     assert {opt: lr in lb.TUNING[opt] for opt, lr in chosen.items()} == {"sgd": True, "lars": True, "lamb": True}
-    want = {(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed)
-            for p in lb.tuning_points() + lb.sweep_points(chosen)}
-    got = {(r.stage, r.k, r.method, r.optimizer, r.base_lr, r.seed) for r in table.itertuples()}
-    assert got == want
+    # the tuning runs at the first thread count, every point of the study at each
+    want = sorted([(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed, lb.THREADS[0]) for p in lb.tuning_points()]
+                  + [(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed, t)
+                     for p in lb.sweep_points(chosen) for t in lb.THREADS])
+    got = sorted((r.stage, r.k, r.method, r.optimizer, r.base_lr, r.seed, r.threads) for r in table.itertuples())
+    assert got == want and lb.THREADS == (1, 2) and lb.SEEDS == (0, 1, 2, 3, 4)
     study = lb.full_runs(table)
     assert (study["epochs"] == 20).all() and (lb.tuning(table)["epochs"] == lb.TUNING_EPOCHS).all()
     assert (study["steps_per_epoch"] == lb.TRAIN_SAMPLES // study["global_batch"]).all()
@@ -107,13 +110,26 @@ def test_recorded_study_is_complete_and_labelled():
     assert all(len(lb.epoch_curve(r)) == 20 for _, r in study.iterrows())
 
 
+# The other machine a reader has: another thread count, and a CPU without AVX-512 (emulated
+# by capping oneDNN's and MKL's instruction set, which changes this machine's sums).
+OTHER_MACHINES = {"1 thread": ({}, 1), "2 threads, AVX2": ({"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, 2)}
+
+
 @pytest.mark.slow
-def test_a_recorded_point_starts_as_recorded(tmp_path):
-    """One recorded point trained again for its first two epochs (the same epochs as the full
-    run's: the schedule does not depend on the run's length), as the recording trained it.
-    Same CPU type: identical; elsewhere summation order may move a few samples (0.5 points)."""
-    point, row = lb.recorded_point(lb.recorded(), 32, "sqrt+warmup", seed=1)
-    again = lb.replay(point, tmp_path, epochs=2)
+@pytest.mark.parametrize("machine", list(OTHER_MACHINES))
+def test_a_recorded_point_starts_within_the_recorded_runs(tmp_path, monkeypatch, machine):
+    """One recorded point's first two epochs trained again (the same epochs as the full run's:
+    the schedule does not depend on the run's length) at another setting, and compared with
+    every recorded run of that point at those epochs, not with one: early in warmup runs
+    differ by seed and by the order of sums (a replay of seed 1 on an AVX2-only CPU gave 20.9 %
+    at epoch 2 against 26.6 % recorded)."""
+    env, threads = OTHER_MACHINES[machine]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    table = lb.recorded()
+    point, row = lb.recorded_point(table, 32, "sqrt+warmup", seed=1)
+    again = lb.replay(point, tmp_path, epochs=2, threads=threads)
     assert again["global_batch"] == 1024 and again["peak_lr"] == pytest.approx(row["peak_lr"])
-    assert lb.epoch_curve(again) == pytest.approx(lb.epoch_curve(row)[:2], abs=0.5)
-    assert lb.epoch_curve(again, "train_curve") == pytest.approx(lb.epoch_curve(row, "train_curve")[:2], abs=0.5)
+    assert again["threads"] == threads
+    for value, lo, hi, inside in lb.early_agreement(table, again):
+        assert inside, f"epoch error {value:.2f} % outside the recorded runs' band {lo:.2f} to {hi:.2f} %"

@@ -1,4 +1,4 @@
-"""The figures draw what they are given: the thesis's speedups, the sweep's means and seeds."""
+"""The figures draw what they are given: the thesis's speedups, the sweep's medians, ranges and runs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
 
 from guide_utils.results import plots, sources
 from guide_utils.studies import sweep  # noqa: E402
@@ -23,14 +24,23 @@ def test_scaling_panels_draw_each_curve_against_its_own_baseline():
         plots.scaling_panels({"no baseline": t[t["gpus"] > 1]})
 
 
-def test_quality_figure_draws_means_spreads_and_every_seed():
+def test_quality_figure_draws_medians_ranges_and_every_run():
     table = sweep.recorded()
-    summary = sweep.summarise(table)
-    ax = plots.quality_vs_k(summary, table=table)
+    outcomes = sweep.outcomes(table)
+    ax = plots.quality_vs_k(outcomes, table=table)
     assert ax.get_yscale() == "log"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels[0].startswith("baseline k=1") and set(labels[1:]) == {"naive", "linear", "linear+warmup"}
-    assert sum(len(c.get_offsets()) for c in ax.collections if hasattr(c, "get_offsets")) >= 36  # 36 seeds
+    assert labels[0].startswith("baseline k=1 (median") and set(labels[1:]) == {"naive", "linear", "linear+warmup"}
+    runs = len(table[table["method"] != "baseline"])
+    assert sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection)) == runs  # scatter
+    # each method's line goes through its medians, and its bar spans its best to worst run
+    bars = {c.get_label(): c for c in ax.containers}
+    linear = outcomes.query("method == 'linear'").sort_values("k")
+    x, y = bars["linear"].lines[0].get_data()
+    assert list(x) == list(linear["k"]) and list(y) == pytest.approx(list(linear["median"]))
+    segments = bars["linear"].lines[2][0].get_segments()
+    assert [v for s in segments for v in (s[0][1], s[1][1])] == pytest.approx(
+        [v for pair in zip(linear["best"], linear["worst"]) for v in pair])
 
 
 def test_lr_schedules_follow_lr_at():

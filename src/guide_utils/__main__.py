@@ -7,6 +7,7 @@ Studies:
   experiments   the thesis's nine experiments: list, run, --dry-run
   sweep         the quality sweep over the scaling factor k
   large-batch   past the linear rule: sqrt scaling, LARS and LAMB up to a global batch of 8192
+  verify        does this machine reproduce the guide? retrain recorded points, check the conclusions
 On the cluster:
   doctor        what this machine, stack and Slurm job look like, and what will hurt
   sync-check    do N processes (Horovod or DDP) really end with the same weights?
@@ -32,6 +33,7 @@ COMMANDS = {
     "experiments": ("guide_utils.studies.experiments", "main"),
     "sweep": ("guide_utils.studies.sweep", "main"),
     "large-batch": ("guide_utils.studies.large_batch", "main"),
+    "verify": ("guide_utils.studies.verify", "main"),
     "doctor": ("guide_utils.cluster.doctor", "main"),
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
     "rendezvous": ("guide_utils.cluster.slurm", "rendezvous_main"),

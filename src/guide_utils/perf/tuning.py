@@ -16,6 +16,7 @@ of an input-bound and a compute-bound run (``--monitor``).
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -132,6 +133,11 @@ def profile_step(model: str = "resnet18", *, batch: int = 32, image_size: int = 
 
     from ..engine.models import build_model
 
+    if not torch.cuda.is_available():
+        # A CUDA build of torch on a machine without a GPU: the profiler's library logs
+        # "gpuGetDeviceCount failed" as an ERROR although only the CPU is profiled. Where
+        # a GPU is usable its messages are kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     net = build_model(model, num_classes=1000, input_shape=(3, image_size, image_size))
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     net = net.to(memory_format=fmt).train()

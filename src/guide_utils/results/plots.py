@@ -85,34 +85,36 @@ def scaling_panels(curves: dict, *, axes=None, ideal_up_to: int | None = None):
     return axes
 
 
-def quality_vs_k(summary, *, table=None, ax=None, metric="best_val_top1_err",
+def quality_vs_k(outcomes, *, table=None, ax=None, metric="best_val_top1_err",
                  metric_label="best top-1 validation error (%)"):
-    """Error against the scaling factor k per method, mean with a standard-deviation bar.
+    """Error against the scaling factor k per method: the median of the runs, with a bar from
+    the best to the worst run (a mean and standard deviation would hide a diverged run).
 
-    ``summary`` comes from ``sweep.summarise``; its k = 1 ``baseline`` row becomes a band.
-    With ``table`` (the sweep's runs) every seed is drawn too. The error axis is
-    logarithmic, so a diverged run does not flatten the differences that matter.
+    ``outcomes`` comes from a study's ``outcomes`` (columns k, method, median, best, worst);
+    its k = 1 ``baseline`` row becomes a band from its best to its worst run. With ``table``
+    (the study's runs) every run is drawn too. The error axis is logarithmic, so a diverged
+    run does not flatten the differences that matter.
     """
     ax = _axes(ax, figsize=(6.5, 4))
     ax.set_yscale("log", nonpositive="clip")
-    base = summary[summary["method"] == "baseline"]
+    base = outcomes[outcomes["method"] == "baseline"]
     if not base.empty:
-        m, s = float(base["mean"].iloc[0]), float(base["std"].fillna(0).iloc[0])
-        ax.axhspan(m - s, m + s, color="grey", alpha=0.2)
-        ax.axhline(m, color="k", ls="--", label=f"baseline k=1 ({m:.2f}%)")
-    for method, rows in summary[summary["method"] != "baseline"].groupby("method", sort=False):
+        m = float(base["median"].iloc[0])
+        ax.axhspan(float(base["best"].iloc[0]), float(base["worst"].iloc[0]), color="grey", alpha=0.2)
+        ax.axhline(m, color="k", ls="--", label=f"baseline k=1 (median {m:.2f}%)")
+    for method, rows in outcomes[outcomes["method"] != "baseline"].groupby("method", sort=False):
         color, fmt = METHOD_STYLE.get(method, (None, "o-"))
         rows = rows.sort_values("k")
-        ax.errorbar(rows["k"], rows["mean"], yerr=rows["std"].fillna(0), fmt=fmt, color=color, capsize=3,
-                    label=method)
+        spread = [rows["median"] - rows["best"], rows["worst"] - rows["median"]]
+        ax.errorbar(rows["k"], rows["median"], yerr=spread, fmt=fmt, color=color, capsize=3, label=method)
         if table is not None:
-            seeds = table[table["method"] == method]
-            ax.scatter(seeds["k"], seeds[metric], color=color, alpha=0.35, s=12)
+            runs = table[table["method"] == method]
+            ax.scatter(runs["k"], runs[metric], color=color, alpha=0.35, s=12)
     ax.set_xscale("log", base=2)
-    ks = sorted(summary["k"].unique())
+    ks = sorted(outcomes["k"].unique())
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("scaling factor k (global batch = k x base batch)")
-    ax.set_ylabel(metric_label)
+    ax.set_ylabel(metric_label + ": median, best to worst run")
     ax.legend(fontsize=8)
     return ax
 

@@ -29,17 +29,19 @@ Data: 40,960 MNIST-1D samples, of which 32,768 (2^15) train, so every k divides 
 training set: k = 256 gets 4 optimizer steps per epoch, 80 in 20 epochs (20 of them in
 warmup), k = 128 twice that. The 20,000-sample sweep of chapters 4-6 would leave k = 256
 one step per epoch, too few for a warmup to ramp over. Twice the samples (8 steps per
-epoch) would double the cost, which is what this study had to fit into: the machine it
-was recorded on is two CPU cores shared with other work, about twenty minutes of CPU for
-the whole study (the ``cpu_seconds`` column). For the same reason it has two values of k,
-the thesis's 32 GPUs (global batch 1024) and Goyal et al.'s upper bound (8192), two seeds,
-short tuning runs, and full k = 1 runs for SGD only (LARS and LAMB at k = 1 are their
-tuning runs). ``--ks 32 128 256`` adds the thesis's largest global batch (4096).
+epoch) would double the cost, which this study had to fit into two shared CPU cores. For the
+same reason it has two values of k, the thesis's 32 GPUs (global batch 1024) and Goyal et
+al.'s upper bound (8192), short tuning runs, and full k = 1 runs for SGD only (LARS and LAMB
+at k = 1 are their tuning runs). Each point has five seeds at one and at two CPU threads,
+since near the edge of stability the order of floating-point sums decides some runs.
+``--ks 32 128 256`` adds the thesis's largest global batch (4096).
 
-``python -m guide_utils large-batch run --out FILE.csv [--jobs 2]`` trains the tuning runs,
-then every point, appending one row per run as it finishes (``--jobs`` runs that many at a
-time, one thread each). ``summary FILE.csv`` prints means and spreads. The CSV's first line
-says when, on what, from which commit and with which versions it was made.
+``python -m guide_utils large-batch run --out FILE.csv --jobs 2`` trains the tuning runs (at
+the first thread count), then every point at every thread count, appending one row per run
+as it finishes (``--jobs`` cores kept busy; ``--resume`` finishes an interrupted file).
+``summary FILE.csv`` prints each point's median, worst run and how many runs ended within one
+point of the baseline. The CSV's first line says when, on what, with which thread counts,
+from which commit and with which versions it was made.
 """
 
 from __future__ import annotations
@@ -165,10 +167,32 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
             "val_curve": " ".join(f"{v:.3f}" for v in val), "train_curve": " ".join(f"{v:.3f}" for v in train_err)}
 
 
-def recorded_point(table, k: int, method: str, seed: int = 0) -> tuple[Point, object]:
-    """The ``Point`` that made a recorded row of the study, and the row."""
-    row = full_runs(table).query("k == @k and method == @method and seed == @seed").iloc[0]
+def recorded_point(table, k: int, method: str, seed: int = 0, threads: int = THREADS[0]) -> tuple[Point, object]:
+    """The ``Point`` that made a recorded row of the study, and the row (at ``threads``)."""
+    row = full_runs(table).query("k == @k and method == @method and seed == @seed and threads == @threads").iloc[0]
     return Point(int(row["k"]), row["method"], row["optimizer"], float(row["base_lr"]), int(row["seed"])), row
+
+
+def replay(point: Point, results_dir: str | Path, *, epochs: int = 2, threads: int = 1) -> dict:
+    """The first ``epochs`` epochs of a recorded point trained again as the recording trained
+    it (a fresh process with ``threads`` threads): its row. The schedule of the first epochs
+    does not depend on the run's length, so they are the same epochs as the full run's."""
+    rows: list[dict] = []
+    study.train_all([point], run_point, threads, threads, rows.append, results_dir=results_dir, epochs=epochs)
+    return rows[0]
+
+
+def early_agreement(table, row: dict, epochs: int = 2) -> list[tuple[float, float, float, bool]]:
+    """For each of a replay's first ``epochs`` epochs: its validation error, the band the
+    recorded runs of its point (every seed and thread count) allow at that epoch
+    (``study.band``), and whether it lies inside. Early in warmup the error moves fast and
+    runs differ by seed and by the order of sums, so one recorded run is no yardstick."""
+    same = full_runs(table).query("k == @row['k'] and method == @row['method']")
+    out = []
+    for e, value in enumerate(epoch_curve(row)[:epochs]):
+        lo, hi = study.band([epoch_curve(r)[e] for _, r in same.iterrows()])
+        out.append((value, lo, hi, lo <= value <= hi))
+    return out
 
 
 def chosen_lrs(table) -> dict[str, float]:
@@ -265,39 +289,23 @@ def curves(table):
     return pd.concat(parts, ignore_index=True)
 
 
-def summarise(table, metric: str = "best_val_top1_err"):
-    """Mean, standard deviation and count per (k, method) of ``curves(table)``."""
-    g = curves(table).groupby(["k", "method"], sort=False)[metric]
-    out = g.agg(["mean", "std", "count"]).reset_index().sort_values(["method", "k"], kind="stable")
-    out[["mean", "std"]] = out[["mean", "std"]].round(2)
-    return out.reset_index(drop=True)
-
-
 def epoch_curve(row, column: str = "val_curve") -> list[float]:
     """A row's per-epoch errors (``val_curve`` or ``train_curve``) as numbers."""
     return [float(v) for v in str(row[column]).split()]
 
 
-def breaking_point(summary, method: str, *, tolerance: float) -> int | None:
-    """The smallest k at which ``method``'s mean error exceeds the k = 1 SGD baseline's by more
-    than ``tolerance`` points (None: it never does)."""
-    base = float(summary[(summary["method"] == "baseline")]["mean"].iloc[0])
-    rows = summary[(summary["method"] == method) & (summary["k"] > 1)].sort_values("k")
-    worse = rows[rows["mean"] > base + tolerance]
+def breaking_point(outcomes, method: str, *, tolerance: float) -> int | None:
+    """The smallest k at which ``method``'s median error exceeds the k = 1 SGD baseline's
+    median by more than ``tolerance`` points (None: it never does); ``outcomes`` as from
+    ``outcomes``."""
+    base = float(outcomes[(outcomes["method"] == "baseline")]["median"].iloc[0])
+    rows = outcomes[(outcomes["method"] == method) & (outcomes["k"] > 1)].sort_values("k")
+    worse = rows[rows["median"] > base + tolerance]
     return int(worse["k"].iloc[0]) if not worse.empty else None
 
 
 def cpu_hours(table) -> float:
     return float(table["cpu_seconds"].sum()) / 3600
-
-
-def format_summary(summary) -> str:
-    """One line per (k, method): mean +- standard deviation (n seeds)."""
-    lines = []
-    for row in summary.itertuples():
-        spread = f" +- {row.std:.2f}" if row.count > 1 else ""
-        lines.append(f"k={row.k:<4} {row.method:<14} {row.mean:6.2f} %{spread}  ({row.count} seed(s))")
-    return "\n".join(lines)
 
 
 def cluster_commands(nodes: int = 64, gpus_per_node: int = 4, per_gpu: int = 32) -> dict[str, str]:

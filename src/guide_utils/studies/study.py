@@ -161,3 +161,23 @@ def format_outcomes(table, label: Callable[[object], str], *, within: float = 1.
         lines.append(f"{label(row)}  median {row.median:6.2f} %  worst {row.worst:6.2f} %  "
                      f"{row.within:>2} of {row.runs} within {within:g} point(s) of the baseline")
     return "\n".join(lines)
+
+
+def band(recorded, widen: float = 2.0) -> tuple[float, float]:
+    """The values a new run of a recorded point may take and still agree with the record: the
+    range of the recorded runs widened by ``widen`` of their standard deviations on each side.
+    The range grows with the number of runs and the widening with their spread, so a stable
+    point gets a narrow band and a point whose runs sometimes diverge a wide one."""
+    import statistics
+
+    values = [float(v) for v in recorded]
+    if len(values) < 2:
+        raise GuideError(f"a band needs at least 2 recorded runs, got {len(values)}")
+    sd = statistics.stdev(values)
+    return min(values) - widen * sd, max(values) + widen * sd
+
+
+def agrees(value: float, recorded, widen: float = 2.0) -> bool:
+    """Does one new run agree with the recorded runs of its point (see ``band``)?"""
+    lo, hi = band(recorded, widen)
+    return lo <= float(value) <= hi

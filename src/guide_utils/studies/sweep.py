@@ -12,12 +12,14 @@ A thesis worker count k is emulated by one process with the global batch (see
 samples, 20 epochs, base lr 0.05 at batch 32, drops at 50 % and 75 % of training, 5 warmup
 epochs. Quality is the best top-1 validation error over the epochs, as the thesis reports it.
 
-``python -m guide_utils sweep run [--ks 4 8 16 32] [--seeds 0 1 2] [--out FILE.csv]`` trains
-every point and writes one run record per point plus a CSV of the results; ``summary
-FILE.csv`` prints the table of means and spreads. On two otherwise idle CPU cores a k = 1
-run takes about 30 s and the others about 10 s each; the ``seconds`` column records each
-run's wall time under whatever else the machine was doing (the committed sweep shared it
-with other jobs for part of its 24 minutes).
+``python -m guide_utils sweep run --jobs 2 --out FILE.csv`` trains every point with five
+seeds at one and at two CPU threads (``--seeds``, ``--threads``), writes one run record per run
+and appends its row to the CSV as it finishes (``--resume`` finishes an interrupted file);
+``summary FILE.csv`` prints each point's median, worst run and how many runs ended within one
+point of the baseline. The thread count is part of the recording because near the edge of
+stability the order of floating-point sums decides some runs (see ``studies.study``). On two
+otherwise idle CPU cores a k = 1 run takes 30 to 45 s and the others 10 to 15 s; the
+``seconds`` column records each run's wall time under whatever else the machine was doing.
 """
 
 from __future__ import annotations
@@ -98,19 +100,19 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
 
 
 def run(pts: list[Point], results_dir: str | Path, out: str | Path | None = None, *,
-        threads: Sequence[int] = THREADS, jobs: int = 1, resume: bool = False, argv: list[str] | None = None,
-        progress: bool = True):
+        threads: Sequence[int] = THREADS, jobs: int = 1, resume: bool = False, command: str | None = None,
+        progress: bool = True, title: str = "MNIST-1D quality sweep", overrides: dict | None = None):
     """Train every point at every thread count (``jobs`` cores busy), appending rows to ``out``
     as they finish; with ``resume`` the runs ``out`` already holds are skipped. Returns the
-    table of this call's runs (all of ``out`` when it was given)."""
+    table of this call's runs (all of ``out`` when it was given). ``overrides`` change the
+    settings of every run (tests shrink the problem with them)."""
     import pandas as pd
 
     threads = study.check_threads(threads, jobs)
     rows: list[dict] = []
     sink = None
     if out is not None:
-        command = " ".join([PROG, *(argv if argv is not None else ["run"])])
-        header = study.provenance("MNIST-1D quality sweep", command, threads=threads, jobs=jobs)
+        header = study.provenance(title, command or f"{PROG} run", threads=threads, jobs=jobs)
         sink = study.Sink(out, COLUMNS, header, key=KEY, resume=resume)
     todo = {t: [p for p in pts if sink is None or sink.key({**p.key(), "threads": t}) not in sink.done]
             for t in threads}
@@ -127,7 +129,7 @@ def run(pts: list[Point], results_dir: str | Path, out: str | Path | None = None
 
     try:
         for t, tasks in todo.items():
-            study.train_all(tasks, run_point, t, jobs, report, results_dir=results_dir)
+            study.train_all(tasks, run_point, t, jobs, report, results_dir=results_dir, **(overrides or {}))
     finally:
         if bar is not None:
             bar.close()
@@ -139,14 +141,6 @@ def load(path: str | Path):
     from . import study_csv
 
     return study_csv.read(path, what="sweep", command=f"{PROG} run", columns=COLUMNS)
-
-
-def summarise(table, metric: str = "best_val_top1_err"):
-    """Mean, standard deviation and count per (k, method); the baseline as k = 1."""
-    g = table.groupby(["k", "method"])[metric]
-    out = g.agg(["mean", "std", "count"]).reset_index()
-    out[["mean", "std"]] = out[["mean", "std"]].round(2)
-    return out
 
 
 RECORDED = "quality_sweep_mnist1d.csv"
@@ -163,10 +157,10 @@ CURVES = "curves"
 
 
 def recorded_curves(method: str, k: int) -> list:
-    """The run records (every epoch) of the recorded sweep's points ``method`` at ``k``, one per
-    seed, for the few points whose curves the book shows (``recorded/curves/``). They were
-    trained again with the sweep's settings after the sweep itself; a test checks that their
-    best and final errors are the sweep's, so they are the same runs."""
+    """The run records (every epoch) of the recorded sweep's runs of ``method`` at ``k``, one
+    per seed and thread count, sorted so, for the few points whose curves the book shows
+    (``recorded/curves/``): the records the recording wrote, copied beside it; a test checks
+    that their best and final errors are the sweep's."""
     from importlib import resources
 
     from ..results.records import read_runs
@@ -176,16 +170,7 @@ def recorded_curves(method: str, k: int) -> list:
              and r.config["extra"]["sweep"]["k"] == k]
     if not found:
         raise GuideError(f"no recorded curves for {method} at k = {k} in {folder}")
-    return sorted(found, key=lambda r: r.config["seed"])
-
-
-def format_summary(summary) -> str:
-    """One line per point: mean +- standard deviation (n seeds), for printing under a figure."""
-    lines = []
-    for row in summary.itertuples():
-        spread = f" +- {row.std:.2f}" if row.count > 1 else ""
-        lines.append(f"k={row.k:<3} {row.method:<14} {row.mean:6.2f} %{spread}  ({row.count} seed(s))")
-    return "\n".join(lines)
+    return sorted(found, key=lambda r: (r.config["seed"], r.environment["cpu_threads"]))
 
 
 def baseline_median(table, metric: str = "best_val_top1_err") -> float:
@@ -195,8 +180,12 @@ def baseline_median(table, metric: str = "best_val_top1_err") -> float:
 
 def outcomes(table, within: float = 1.0, by=("k", "method")):
     """Per point: runs, median, best, worst, and how many runs ended within ``within`` points
-    of the baseline's median (``study.outcomes``); ``by`` may add ``threads``."""
-    return study.outcomes(table, list(by), baseline_median(table), within=within)
+    of the baseline's median (``study.outcomes``); ``by`` may add ``threads``. Rows in the
+    order k, then baseline, naive, linear, linear + warmup."""
+    out = study.outcomes(table, list(by), baseline_median(table), within=within)
+    order = {m: i for i, m in enumerate(["baseline", *METHODS])}
+    return out.sort_values(["k"], kind="stable").sort_values(
+        ["k", "method"], key=lambda c: c.map(order) if c.name == "method" else c, kind="stable").reset_index(drop=True)
 
 
 def format_outcomes(table, within: float = 1.0) -> str:
@@ -234,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             raise GuideError("--resume needs --out, the CSV to finish")
         pts = points(args.ks, args.seeds, args.methods)
         table = run(pts, args.results_dir, args.out, threads=args.threads, jobs=args.jobs, resume=args.resume,
-                    argv=argv)
+                    command=" ".join([PROG, *argv]))
     print(format_outcomes(outcomes(table)))
     return 0
 
