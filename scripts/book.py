@@ -72,6 +72,31 @@ def fresh_cache(cache_dir: Path, root: Path):
     return cache, emptied
 
 
+KERNEL_CONFIG = '''# Written by scripts/book.py for the book build's kernels (IPYTHONDIR points here during it).
+# The build's kernels talk to their executor over loopback TCP for seconds, and every output
+# they send is published in the book; ipykernel's warning that this traffic is unencrypted
+# is true but harmless here, so this one message is dropped. Every other kernel message stays.
+import logging
+
+
+class _LoopbackBuild(logging.Filter):
+    def filter(self, record):
+        return "running over TCP without encryption" not in record.getMessage()
+
+
+logging.getLogger("IPKernelApp").addFilter(_LoopbackBuild())
+'''
+
+
+def quiet_kernels(build_dir: Path) -> None:
+    """Point the build's kernels at an IPython profile of their own (KERNEL_CONFIG): no user
+    start-up scripts, and no warning per notebook about loopback traffic."""
+    profile = build_dir / ".ipython" / "profile_default"
+    profile.mkdir(parents=True, exist_ok=True)
+    (profile / "ipython_kernel_config.py").write_text(KERNEL_CONFIG)
+    os.environ["IPYTHONDIR"] = str(build_dir / ".ipython")
+
+
 def execute(cache, notebooks: list[Path], timeout: int) -> None:
     """Execute the notebooks the cache lacks, in parallel; each once."""
     from jupyter_cache.executors import load_executor
@@ -116,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.path_output or root).resolve()
     logging.basicConfig(level=logging.WARNING, format="[book] %(message)s")
     cache, emptied = fresh_cache(out / "_build" / ".jupyter_cache", root)
+    quiet_kernels(out / "_build")
     execute(cache, toc_notebooks(root), args.timeout)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(jupyter_book), "build", str(root), "-W", "-n", "--keep-going", "--path-output", str(out)]

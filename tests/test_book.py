@@ -119,6 +119,34 @@ def test_html_shows_the_executed_output(built_book):
     assert page.count("<img") >= 2  # the schedules and the quality figure
 
 
+def test_the_build_prints_no_false_alarm(built_book):
+    """A reader building the book sees no error that is not one: the profiler's GPU probe on a
+    machine without a GPU, and ipykernel's loopback-encryption warning, once per notebook."""
+    log = (built_book.parent / "build.log").read_text()
+    assert "gpuGetDeviceCount" not in log and "without encryption" not in log
+    assert "[book] executed in" in log
+
+
+def test_the_build_kernels_drop_only_the_loopback_warning(tmp_path, monkeypatch):
+    import logging
+    import os
+
+    monkeypatch.delenv("IPYTHONDIR", raising=False)  # and restored after the test
+    book_script.quiet_kernels(tmp_path)
+    config = Path(os.environ["IPYTHONDIR"]) / "profile_default" / "ipython_kernel_config.py"
+    assert config.is_relative_to(tmp_path)
+    logger = logging.getLogger("IPKernelApp")
+    before = list(logger.filters)
+    try:
+        exec(compile(config.read_text(), str(config), "exec"), {})
+        drop = logger.makeRecord("IPKernelApp", logging.WARNING, __file__, 1,
+                                 "Kernel is running over TCP without encryption. All ...", None, None)
+        keep = logger.makeRecord("IPKernelApp", logging.WARNING, __file__, 1, "Could not open the log", None, None)
+        assert not logger.filter(drop) and logger.filter(keep)
+    finally:
+        logger.filters[:] = before
+
+
 # --- the build itself, on a one-notebook book ------------------------------------------
 
 PROBE = """import time

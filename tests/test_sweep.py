@@ -76,15 +76,17 @@ def test_recorded_sweep_shows_what_the_book_says():
     assert runs[("linear+warmup", 8)].max() < runs[("linear+warmup", 32)].min()
 
 
-def test_the_recorded_curves_are_the_sweeps_runs():
-    """Chapter 5 shows the k = 32 runs without warmup epoch by epoch: their records must end
-    exactly where the recorded sweep says those runs ended, seed by seed and thread count."""
+@pytest.mark.parametrize("method", ["linear", "linear+warmup"])
+def test_the_recorded_curves_are_the_sweeps_runs(method):
+    """Chapters 5 and 6 show the k = 32 runs with and without warmup epoch by epoch: their
+    records must end exactly where the recorded sweep says those runs ended, seed by seed
+    and thread count."""
     table = sweep.recorded().set_index(["k", "method", "seed", "threads"])
-    curves = sweep.recorded_curves("linear", 32)
+    curves = sweep.recorded_curves(method, 32)
     assert [(r.config["seed"], r.environment["cpu_threads"]) for r in curves] == \
         [(s, t) for s in sweep.SEEDS for t in sweep.THREADS]
     for r in curves:
-        row = table.loc[(32, "linear", r.config["seed"], r.environment["cpu_threads"])]
+        row = table.loc[(32, method, r.config["seed"], r.environment["cpu_threads"])]
         errs = r.epochs["val_top1_err"]
         assert len(errs) == r.config["epochs"] == sweep.SETTINGS["epochs"]
         assert round(errs.min(), 3) == row["best_val_top1_err"] and round(errs.iloc[-1], 3) == row["final_val_top1_err"]

@@ -76,8 +76,9 @@ SEEDS = (0, 1, 2, 3, 4)
 THREADS = (1, 2)
 CURVE_COLUMNS = ("val_curve", "train_curve")
 KEY = ["stage", "k", "method", "optimizer", "base_lr", "seed", "threads"]  # what identifies a run
-COLUMNS = ["stage", "k", "method", "optimizer", "lr_scaling", "seed", "threads", "epochs", "global_batch", "base_lr", "peak_lr",
-           "steps_per_epoch", "best_val_top1_err", "final_val_top1_err", "seconds", "cpu_seconds", *CURVE_COLUMNS]
+COLUMNS = ["stage", "k", "method", "optimizer", "lr_scaling", "seed", "threads", "epochs", "global_batch", "base_lr",
+           "peak_lr", "steps_per_epoch", "best_val_top1_err", "final_val_top1_err", "seconds", "cpu_seconds",
+           *CURVE_COLUMNS]
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,10 @@ def outcomes(table, within: float = 1.0, by=("k", "method")):
     within ``within`` points of the k = 1 SGD baseline's median (``study.outcomes``)."""
     runs = curves(table)
     reference = float(runs[runs["method"] == "baseline"]["best_val_top1_err"].median())
-    return study.outcomes(runs, list(by), reference, within=within)
+    out = study.outcomes(runs, list(by), reference, within=within)
+    order = {m: i for i, m in enumerate(["baseline", *METHODS])}
+    return out.sort_values(["k", "method"], key=lambda c: c.map(order) if c.name == "method" else c,
+                           kind="stable").reset_index(drop=True)
 
 
 def format_outcomes(table, within: float = 1.0) -> str:

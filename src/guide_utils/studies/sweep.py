@@ -47,7 +47,8 @@ KS = (4, 8, 16, 32)
 SEEDS = (0, 1, 2, 3, 4)
 THREADS = (1, 2)
 KEY = ["k", "method", "seed", "threads"]  # what identifies a run in the CSV
-COLUMNS = ["k", "method", "seed", "threads", "global_batch", "peak_lr", "best_val_top1_err", "final_val_top1_err", "seconds"]
+COLUMNS = ["k", "method", "seed", "threads", "global_batch", "peak_lr", "best_val_top1_err", "final_val_top1_err",
+           "seconds"]
 
 
 @dataclass(frozen=True)
