@@ -22,7 +22,7 @@ from typing import Mapping
 
 import hostlist
 
-from ..cli import one_line_errors
+from ..cli import ArgumentParser, one_line_errors
 from ..errors import GuideError
 
 # Rendezvous ports are taken from 20000-29999: above the well-known and registered ports
@@ -173,8 +173,10 @@ def rendezvous_main(argv: list[str] | None = None) -> int:
     For launchers that need it on their command line (``torchrun --rdzv-endpoint``), run in
     the batch script; every node computes the same answer without talking to the others.
     """
-    if [a for a in (argv or []) if a != "--debug"]:
-        raise GuideError("takes no arguments (it reads SLURM_JOB_ID and SLURM_JOB_NODELIST)")
+    ArgumentParser(prog="python -m guide_utils rendezvous",
+                   description="Print HOST:PORT of this Slurm job's rendezvous (the first node, a port from the "
+                               "job id); it reads SLURM_JOB_ID and SLURM_JOB_NODELIST and takes no arguments."
+                   ).parse_args(argv)
     job = SlurmJob.from_env()
     if job is None:
         raise GuideError("not inside a Slurm job (SLURM_JOB_ID is unset); run it in an sbatch script")
