@@ -79,8 +79,9 @@ def test_claims_are_the_orders_the_record_shows_firmly():
     # of 3-run medians fail by chance too often to be checked with 3 seeds
     assert verify.superiority(table.query("method == 'linear+warmup'")["best_val_top1_err"],
                               table.query("method == 'naive'")["best_val_top1_err"]) == pytest.approx(0.9)
-    assert 0.95 < verify.median_order_chance([1.7, 1.8, 1.6, 1.9, 1.75, 1.65, 1.7, 1.85, 7.5, 1.8],
-                                             [2.1, 2.2, 2.0, 2.3, 2.15, 2.05, 2.2, 2.1, 2.25, 2.0], 3) < verify.CONFIDENCE
+    chance = verify.median_order_chance([1.7, 1.8, 1.6, 1.9, 1.75, 1.65, 1.7, 1.85, 7.5, 1.8],
+                                        [2.1, 2.2, 2.0, 2.3, 2.15, 2.05, 2.2, 2.1, 2.25, 2.0], 3)
+    assert 0.95 < chance < verify.CONFIDENCE
     mine = _runs({(32, "naive"): [2.0, 2.1, 2.2], (32, "linear"): [1.5, 30, 40],
                   (32, "linear+warmup"): [1.8, 1.7, 9.0]})
     checks = {str(c): verify.check(c, mine) for c in verify.claims(table, n=3)}
@@ -119,7 +120,9 @@ def test_verify_quick_holds_on_another_machine(tmp_path):
     math libraries capped to AVX2 (a CPU without AVX-512; on this machine the cap changes the
     sums, measured: 20.3 vs 23.7 % after 3 epochs of k = 32). The book's chapter 0 runs it at
     the build's thread count; together they cover both settings the issue names."""
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    # Passive OpenMP waiting: the book build shares the cores, and spinning threads waste them
+    # (scheduling only; a run's sums are the same).
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_WAIT_POLICY": "PASSIVE"}
     out = tmp_path / "v"
     proc = subprocess.run([sys.executable, "-m", "guide_utils", "verify", "--quick", "--threads", "2", "--jobs",
                            str(min(2, os.cpu_count() or 1)), "--results-dir", str(out)],
@@ -128,9 +131,9 @@ def test_verify_quick_holds_on_another_machine(tmp_path):
     assert "capped: ONEDNN_MAX_CPU_ISA=AVX2" in proc.stdout and "2 thread(s) per run" in proc.stdout
     points = [ln for ln in proc.stdout.splitlines() if ln.startswith("  k=32 ")]
     runs = [ln for ln in proc.stdout.splitlines() if ln.startswith("    seed ")]
-    assert len(points) == 3 and all("(recorded: median" in ln for ln in points) and len(runs) == 11
-    assert "holds here" in proc.stdout and "DOES NOT HOLD" not in proc.stdout
+    assert len(points) == 3 and all("(recorded: median" in ln for ln in points) and len(runs) == 9
+    assert proc.stdout.count("holds here") == 2 and "DOES NOT HOLD" not in proc.stdout
     assert proc.stdout.rstrip().endswith("verdict: the guide's conclusions hold on this machine")
     table = sweep.load(out / "verify.csv")
-    assert len(table) == 11 and set(table["threads"]) == {2} and "verify --quick --threads 2" in table.attrs["source"]
-    assert len(list(out.glob("*.jsonl"))) == 11
+    assert len(table) == 9 and set(table["threads"]) == {2} and "verify --quick --threads 2" in table.attrs["source"]
+    assert len(list(out.glob("*.jsonl"))) == 9
