@@ -25,8 +25,8 @@ def test_outcomes_show_the_median_the_worst_run_and_how_many_stayed_close():
     lw = out.loc["linear+warmup"]
     assert (lw["runs"], lw["median"], lw["best"], lw["worst"]) == (5, 1.9, 1.3, 7.55)
     assert lw["within"] == 3  # 1.5, 1.9 and 1.3 are within 1 point of 1.1; 7.55 and 2.2 are not
-    line = study.format_outcomes(out.reset_index(), lambda r: r.method)
-    assert "worst   7.55 %" in line and " 3 of 5 within 1 point(s)" in line
+    line = study.format_outcomes(out.reset_index())
+    assert "k=32   linear+warmup   median   1.90 %  worst   7.55 %   3 of 5 within 1 point(s)" in line
 
 
 def test_a_band_widens_the_recorded_range_by_the_spread():

@@ -329,15 +329,13 @@ def outcomes(table, within: float = 1.0, by=("k", "method")):
     within ``within`` points of the k = 1 SGD baseline's median (``study.outcomes``)."""
     runs = curves(table)
     reference = float(runs[runs["method"] == "baseline"]["best_val_top1_err"].median())
-    out = study.outcomes(runs, list(by), reference, within=within)
-    order = {m: i for i, m in enumerate(["baseline", *METHODS])}
-    return out.sort_values(["k", "method"], key=lambda c: c.map(order) if c.name == "method" else c,
-                           kind="stable").reset_index(drop=True)
+    return study.outcomes(runs, list(by), reference, within=within, order=["baseline", *METHODS])
 
 
 def format_outcomes(table, within: float = 1.0) -> str:
-    return study.format_outcomes(table, lambda r: f"k={r.k:<4} {r.method:<14}"
-                                 + (f" x{r.threads}" if hasattr(r, "threads") else ""), within=within)
+    """``study.format_outcomes`` without the SGD baseline's copies at k = 1 that ``curves`` adds
+    for the figure (each SGD method's first point)."""
+    return study.format_outcomes(table[(table["k"] > 1) | (table["method"] == "baseline")], within=within)
 
 
 def build_parser() -> ArgumentParser:
@@ -348,11 +346,8 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--ks", type=int, nargs="+", default=list(KS), help="scaling factors (default: 32 256)")
     r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 to 4)")
     r.add_argument("--methods", nargs="+", default=list(METHODS), help=", ".join(METHODS))
-    r.add_argument("--threads", type=int, nargs="+", default=list(THREADS),
-                   help="CPU threads per run; every point is trained at each, the tuning at the first (default: 1 2)")
-    r.add_argument("--jobs", type=int, default=1, help="cores to keep busy (runs at a time x threads; default 1)")
-    r.add_argument("--results-dir", default="results/large-batch", help="where the run records go")
-    r.add_argument("--resume", action="store_true", help="finish an interrupted --out: train only its missing runs")
+    study.add_run_arguments(r, threads=THREADS, results_dir="results/large-batch",
+                            threads_help="every point is trained at each, the tuning at the first")
     s = sub.add_parser("summary", help="medians, worst runs and counts of a large-batch CSV")
     s.add_argument("csv")
     return p

@@ -144,23 +144,47 @@ def progress(label: str, total: int):
 
 
 def outcomes(table, by: Sequence[str], reference: float, *, metric: str = "best_val_top1_err",
-             within: float = 1.0):
+             within: float = 1.0, order: Sequence[str] = ()):
     """Each group's outcome as it is, not as a mean: runs, median, best and worst run, and how
     many runs ended within ``within`` points of ``reference`` (the baseline's median). A mean
-    and standard deviation hide a run that diverged; these do not."""
+    and standard deviation hide a run that diverged; these do not. Rows by k, then methods in
+    ``order`` (the study's own: baseline first)."""
     g = table.groupby(list(by), sort=True)[metric]
     out = g.agg(runs="count", median="median", best="min", worst="max").reset_index()
     out["within"] = g.apply(lambda s: int((s <= reference + within).sum())).to_numpy()
-    return out
+    rank = {m: i for i, m in enumerate(order)}
+    return out.sort_values(["k", "method"], key=lambda c: c.map(rank) if c.name == "method" and rank else c,
+                           kind="stable").reset_index(drop=True)
 
 
-def format_outcomes(table, label: Callable[[object], str], *, within: float = 1.0) -> str:
-    """One line per row of ``outcomes``: median, worst, and n of N within the tolerance."""
+def format_outcomes(table, *, within: float = 1.0) -> str:
+    """One line per row of ``outcomes``: the point, its median, worst run and n of N near the baseline."""
     lines = []
     for row in table.itertuples():
-        lines.append(f"{label(row)}  median {row.median:6.2f} %  worst {row.worst:6.2f} %  "
+        point = f"k={row.k:<4} {row.method:<14}" + (f" x{row.threads}" if hasattr(row, "threads") else "")
+        lines.append(f"{point}  median {row.median:6.2f} %  worst {row.worst:6.2f} %  "
                      f"{row.within:>2} of {row.runs} within {within:g} point(s) of the baseline")
     return "\n".join(lines)
+
+
+def env_threads() -> int:
+    """OMP_NUM_THREADS as one count (its first, for a nested list like "4,2"); 1 when unset."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise GuideError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} is not a thread count; "
+                         "set it to a whole number or pass --threads")
+    return int(value)
+
+
+def add_run_arguments(run, *, threads: Sequence[int], results_dir: str, threads_help: str) -> None:
+    """The options every study's ``run`` takes: thread counts, cores, run records, resume."""
+    run.add_argument("--threads", type=int, nargs="+", default=list(threads),
+                     help=f"CPU threads per run; {threads_help} (default: {' '.join(map(str, threads))})")
+    run.add_argument("--jobs", type=int, default=1, help="cores to keep busy (runs at a time x threads; default 1)")
+    run.add_argument("--results-dir", default=results_dir, help="where the run records go")
+    run.add_argument("--resume", action="store_true", help="finish an interrupted --out: train only its missing runs")
 
 
 def band(recorded, widen: float = 2.0) -> tuple[float, float]:

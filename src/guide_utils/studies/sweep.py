@@ -183,15 +183,11 @@ def outcomes(table, within: float = 1.0, by=("k", "method")):
     """Per point: runs, median, best, worst, and how many runs ended within ``within`` points
     of the baseline's median (``study.outcomes``); ``by`` may add ``threads``. Rows in the
     order k, then baseline, naive, linear, linear + warmup."""
-    out = study.outcomes(table, list(by), baseline_median(table), within=within)
-    order = {m: i for i, m in enumerate(["baseline", *METHODS])}
-    return out.sort_values(["k"], kind="stable").sort_values(
-        ["k", "method"], key=lambda c: c.map(order) if c.name == "method" else c, kind="stable").reset_index(drop=True)
+    return study.outcomes(table, list(by), baseline_median(table), within=within, order=["baseline", *METHODS])
 
 
 def format_outcomes(table, within: float = 1.0) -> str:
-    return study.format_outcomes(table, lambda r: f"k={r.k:<3} {r.method:<14}"
-                                 + (f" x{r.threads}" if hasattr(r, "threads") else ""), within=within)
+    return study.format_outcomes(table, within=within)
 
 
 def build_parser() -> ArgumentParser:
@@ -201,12 +197,9 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--ks", type=int, nargs="+", default=list(KS), help="scaling factors (default: 4 8 16 32)")
     r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 to 4)")
     r.add_argument("--methods", nargs="+", default=list(METHODS), help="naive, linear, linear+warmup")
-    r.add_argument("--threads", type=int, nargs="+", default=list(THREADS),
-                   help="CPU threads per run; every point is trained at each (default: 1 2)")
-    r.add_argument("--jobs", type=int, default=1, help="cores to keep busy (runs at a time x threads; default 1)")
-    r.add_argument("--results-dir", default="results/sweep", help="where the run records go")
     r.add_argument("--out", help="CSV of the results (must not exist yet, unless --resume)")
-    r.add_argument("--resume", action="store_true", help="finish an interrupted --out: train only its missing runs")
+    study.add_run_arguments(r, threads=THREADS, results_dir="results/sweep",
+                            threads_help="every point is trained at each")
     s = sub.add_parser("summary", help="medians, worst runs and counts of a sweep CSV")
     s.add_argument("csv")
     return p

@@ -201,17 +201,6 @@ def retrain(results: str | Path, *, full: bool = False, threads: int = 1, jobs: 
                      title="the guide's sweep points retrained", progress=progress)
 
 
-def _env_threads() -> int:
-    """OMP_NUM_THREADS as one count (its first, for a nested list like "4,2"); 1 when unset."""
-    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if not value:
-        return 1
-    if not value.isdigit() or int(value) < 1:
-        raise GuideError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} is not a thread count; "
-                         "set it to a whole number or pass --threads")
-    return int(value)
-
-
 def verdict(ok: bool) -> str:
     return ("verdict: the guide's conclusions hold on this machine" if ok else
             "verdict: a conclusion of the guide does not hold on this machine (see above)")
@@ -221,7 +210,7 @@ def verdict(ok: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    threads = args.threads if args.threads is not None else _env_threads()
+    threads = args.threads if args.threads is not None else study.env_threads()
     jobs = args.jobs or os.cpu_count() or 1
     results = Path(args.results_dir or f"results/verify-{_dt.datetime.now():%Y%m%d-%H%M%S}")
     recorded = sweep.recorded()
