@@ -97,8 +97,9 @@ def quiet_kernels(build_dir: Path) -> None:
     os.environ["IPYTHONDIR"] = str(build_dir / ".ipython")
 
 
-def execute(cache, notebooks: list[Path], timeout: int) -> None:
-    """Execute the notebooks the cache lacks, in parallel; each once."""
+def execute(cache, notebooks: list[Path], timeout: int) -> list[str]:
+    """Execute the notebooks the cache lacks, in parallel; each once. The names of those that
+    failed."""
     from jupyter_cache.executors import load_executor
 
     for nb in notebooks:
@@ -106,20 +107,16 @@ def execute(cache, notebooks: list[Path], timeout: int) -> None:
     stale = [r for r in cache.list_project_records() if cache.get_cached_project_nb(r.uri) is None]
     if not stale:
         print(f"[book] all {len(notebooks)} notebooks come from the execution cache")
-        return
+        return []
     at_once = min(len(stale), os.cpu_count() or 1)
     # Each kernel gets its share of the cores: torch would otherwise start one thread per
     # core in every kernel, and spinning threads on oversubscribed cores slow all of them.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // at_once)))
     print(f"[book] executing {len(stale)} notebook(s), {at_once} at a time, {os.environ['OMP_NUM_THREADS']} "
           "thread(s) each: " + ", ".join(Path(r.uri).stem for r in stale), flush=True)
-    # Kernels talk to the executor over IPC sockets in the user's private runtime directory
-    # rather than loopback TCP, which other users of a shared login node could read (ipykernel
-    # warns about it for every notebook). jupyter-cache passes no kernel-manager settings
-    # through, so the configurable's default is set for this process and its forked workers.
-    from jupyter_client.connect import ConnectionFileMixin
-
-    ConnectionFileMixin.transport.default_value = "ipc"
+    # Kernels talk to the executor over loopback TCP (jupyter_client's default). Not IPC:
+    # its socket names are relative to each process's working directory, so an executor
+    # and a kernel started in the notebook's folder never meet (measured: no kernel answered).
     logger = logging.getLogger("book")
     start = time.perf_counter()
     result = load_executor("local-parallel", cache, logger=logger).run_and_cache(
@@ -127,8 +124,10 @@ def execute(cache, notebooks: list[Path], timeout: int) -> None:
     for record in cache.list_cache_records():
         if any(record.uri == r.uri for r in stale):
             print(f"[book]   {Path(record.uri).stem}: {record.data.get('execution_seconds', 0):.0f} s")
-    print(f"[book] executed in {time.perf_counter() - start:.0f} s; failed: "
-          f"{', '.join(Path(u).stem for u in result.errored + result.excepted) or 'none'}", flush=True)
+    failed = [Path(u).stem for u in result.errored + result.excepted]
+    print(f"[book] executed in {time.perf_counter() - start:.0f} s; failed: {', '.join(failed) or 'none'}",
+          flush=True)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="[book] %(message)s")
     cache, emptied = fresh_cache(out / "_build" / ".jupyter_cache", root)
     quiet_kernels(out / "_build")
-    execute(cache, toc_notebooks(root), args.timeout)
+    failed = execute(cache, toc_notebooks(root), args.timeout)
+    if failed:  # jupyter-book would execute them again, one at a time, and fail the same way
+        print(f"[book] error: {len(failed)} notebook(s) failed ({', '.join(failed)}): their tracebacks are "
+              "above; fix them and build again (the others stay cached)", file=sys.stderr)
+        return 1
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(jupyter_book), "build", str(root), "-W", "-n", "--keep-going", "--path-output", str(out)]
     if emptied:  # Sphinx re-reads only changed sources: unchanged notebooks would keep stale pages

@@ -124,7 +124,7 @@ def test_the_build_prints_no_false_alarm(built_book):
     machine without a GPU, and ipykernel's loopback-encryption warning, once per notebook."""
     log = (built_book.parent / "build.log").read_text()
     assert "gpuGetDeviceCount" not in log and "without encryption" not in log
-    assert "[book] executed in" in log
+    assert "[book] executed in" in log and "; failed: none" in log
 
 
 def test_the_build_kernels_drop_only_the_loopback_warning(tmp_path, monkeypatch):
@@ -186,6 +186,8 @@ def _build(root: Path) -> tuple[subprocess.CompletedProcess, str | None]:
 def test_the_cache_is_emptied_when_the_library_or_the_pins_change(mini_book):
     first, ran_at = _build(mini_book)
     assert first.returncode == 0 and ran_at, first.stdout + first.stderr
+    # executed by the build's own executor, not left for jupyter-book to execute one at a time
+    assert "failed: none" in first.stdout, first.stdout + first.stderr
     again, cached_at = _build(mini_book)
     assert again.returncode == 0 and "come from the execution cache" in again.stdout
     assert cached_at == ran_at, "an unchanged book must come from the cache"
@@ -212,3 +214,5 @@ def test_a_failing_notebook_fails_the_build(mini_book):
     proc, _ = _build(mini_book)
     assert proc.returncode != 0
     assert "this cell is broken" in proc.stdout + proc.stderr
+    assert "[book] error: 1 notebook(s) failed (probe)" in proc.stderr
+    assert not (mini_book / "_build" / "html").exists(), "nothing is published from a failed execution"
