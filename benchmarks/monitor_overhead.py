@@ -20,7 +20,7 @@ import tempfile
 
 
 def rate(args, monitor: float | None) -> float:
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine import train
 
     with tempfile.TemporaryDirectory() as results:

@@ -22,13 +22,13 @@ import os
 import sys
 import tempfile
 
-from guide_utils.cli import GuideError, one_line_errors
+from guide_utils.core.cli import GuideError, one_line_errors
 
 PROG = "python benchmarks/tf_cnn_benchmark.py"
 
 
 def _config(args, batch: int, results: str, framework: str):
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
 
     return make_config("full", model=args.model, data="synthetic", image_size=args.image_size, epochs=1,
                        synthetic_size=batch * (args.steps + 1) * args.workers_hint, per_worker_batch=batch,

@@ -25,7 +25,7 @@ import time
 
 
 def engine_rate(args) -> float:
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine import train
 
     with tempfile.TemporaryDirectory() as results:
@@ -42,7 +42,7 @@ def hand_rate(args) -> float:
     import torch
     from torch.utils.data import DataLoader
 
-    from guide_utils.engine.data import build_data
+    from guide_utils.data.loaders import build_data
     from guide_utils.engine.models import build_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

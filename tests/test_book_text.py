@@ -119,7 +119,7 @@ def test_the_glossary_covers_the_jargon_and_every_entry_is_linked():
 def test_the_intros_numbers_are_the_sources():
     """book/intro.md is prose, not a notebook: its table of source results is checked here."""
     from guide_utils.results import sources
-    from guide_utils.scaling import speedup
+    from guide_utils.core.scaling import speedup
 
     intro = (REPO / "book" / "intro.md").read_text(encoding="utf-8")
     for one, many in ((3, 9), (2, 8)):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from guide_utils.engine import checkpoint
-from guide_utils.errors import GuideError
+from guide_utils.core.errors import GuideError
 
 
 def _state(value: float, model: str = "m"):

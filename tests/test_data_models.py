@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import make_image_tree
-from guide_utils.errors import GuideError
-from guide_utils.engine.data import build_data, describe
+from guide_utils.core.errors import GuideError
+from guide_utils.data.loaders import build_data, describe
 from guide_utils.engine.models import build_model
 
 

@@ -38,7 +38,7 @@ def _summary(results: Path) -> dict:
 
 @pytest.mark.slow
 def test_smoke_run_writes_a_record(tmp_path):
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine import train
 
     cfg = make_config("smoke", epochs=3, results_dir=str(tmp_path), progress=False)
@@ -61,7 +61,7 @@ def test_the_optimizer_flag_chooses_the_class():
     import torch
     from timm.optim import Lamb, Lars
 
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine.state import make_optimizer
 
     params = [torch.nn.Parameter(torch.ones(3))]
@@ -73,9 +73,9 @@ def test_the_optimizer_flag_chooses_the_class():
 
 @pytest.mark.slow
 def test_a_monitored_run_records_utilisation_over_time(tmp_path):
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine import train
-    from guide_utils.results.records import read_run
+    from guide_utils.core.records import read_run
 
     # A sample every 0.05 s: on a fast, idle machine the run takes well under a second (a
     # clean-clone CI run saw 0.4 s and only 2 samples at 0.2 s).
@@ -92,7 +92,7 @@ def test_a_monitored_run_records_utilisation_over_time(tmp_path):
 def test_a_quiet_run_prints_nothing_and_records_every_epoch(tmp_path, capsys):
     """What notebooks use: no line per epoch (and no record path) in the output; the record is
     complete, so a table printed from it afterwards says everything."""
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine import train
 
     train(make_config("smoke", epochs=2, mnist1d_samples=400, results_dir=str(tmp_path), progress=False,
@@ -103,8 +103,8 @@ def test_a_quiet_run_prints_nothing_and_records_every_epoch(tmp_path, capsys):
 
 
 def test_quiet_must_be_a_bool():
-    from guide_utils.config import make_config
-    from guide_utils.errors import GuideError
+    from guide_utils.core.config import make_config
+    from guide_utils.core.errors import GuideError
 
     with pytest.raises(GuideError, match="quiet"):
         make_config("smoke", quiet="yes").validate()
@@ -112,7 +112,7 @@ def test_quiet_must_be_a_bool():
 
 def test_gradual_warmup_starts_at_the_warmup_start_batch_rate(tmp_path):
     """One process emulating 8 workers of 32: warmup climbs from 32's rate, not 256's."""
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine import train
 
     common = dict(epochs=3, per_worker_batch=256, base_lr=0.05, base_batch=32, warmup="gradual", warmup_epochs=2,

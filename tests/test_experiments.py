@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from guide_utils.config import make_config
+from guide_utils.core.config import make_config
 from guide_utils.studies.experiments import EXPERIMENTS, plan, runs
-from guide_utils.results.records import read_runs
-from guide_utils.scaling import global_batch, scaled_lr
+from guide_utils.core.records import read_runs
+from guide_utils.core.scaling import global_batch, scaled_lr
 
 
 def _lr(run) -> float:
@@ -124,7 +124,7 @@ def test_describe_names_what_each_full_run_trains():
 @pytest.mark.parametrize("launcher, head", [("horovodrun", ["-np", "2", "-H", "localhost:2", "--gloo"]),
                                             ("torchrun", ["--standalone", "--nproc-per-node", "2"])])
 def test_local_launch_commands(launcher, head):
-    from guide_utils.cluster.launch import command
+    from guide_utils.runtime.launch import command
 
     argv = command(launcher, 2, "guide_utils.train", ["--dist", "x"])
     assert argv[0].endswith(launcher) and argv[1:1 + len(head)] == head and argv[-2:] == ["--dist", "x"]
@@ -138,7 +138,7 @@ def test_local_workers_are_pinned_to_loopback(monkeypatch):
     """Every worker launch.run starts is on this machine: rendezvous, Gloo, TensorPipe and
     OpenMPI's TCP are pinned to loopback (nothing reachable from the network), unless the
     caller's environment already chose; horovodrun is told the interface too."""
-    from guide_utils.cluster.launch import command, environment, loopback_interface
+    from guide_utils.runtime.launch import command, environment, loopback_interface
 
     for name in ("MASTER_ADDR", *LOOPBACK_VARS):
         monkeypatch.delenv(name, raising=False)
@@ -153,9 +153,9 @@ def test_local_workers_are_pinned_to_loopback(monkeypatch):
 
 
 def test_unknown_launcher_and_mismatched_dist_are_refused(tmp_path):
-    from guide_utils.errors import GuideError
+    from guide_utils.core.errors import GuideError
     from guide_utils.studies.experiments import launch
-    from guide_utils.cluster.launch import command
+    from guide_utils.runtime.launch import command
 
     with pytest.raises(GuideError, match="unknown launcher"):
         command("pdsh", 2, "guide_utils.train", [])

@@ -25,8 +25,8 @@ import pytest
 import slurm_cluster
 
 from guide_utils.cluster import interactive, sites, watchdog
-from guide_utils.config import make_config
-from guide_utils.errors import GuideError
+from guide_utils.core.config import make_config
+from guide_utils.core.errors import GuideError
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -134,7 +134,7 @@ def test_the_controller_watch_cancels_its_job_when_the_controller_is_gone(tmp_pa
 def test_interactive_digest_equals_the_batch_digest(tmp_path):
     """The same seed and flags: 2 MPI engines (Horovod, then DDP on the same engines) end
     with the weights of `mpirun -np 2 python -m guide_utils.train` (Horovod)."""
-    from guide_utils.cluster import launch
+    from guide_utils.runtime import launch
 
     with interactive.EngineCluster(n=2) as cluster:
         cluster_id = cluster.cluster_id
@@ -316,7 +316,7 @@ def test_an_interrupted_cell_and_a_restarted_kernel_leave_no_engine(tmp_path):
     kernel restart (the finalizer runs as the kernel exits; the reaper if it is killed first)."""
     kernel = _Kernel(tmp_path)
     try:
-        cell = ("from guide_utils.cluster import interactive\nfrom guide_utils.config import make_config\n"
+        cell = ("from guide_utils.cluster import interactive\nfrom guide_utils.core.config import make_config\n"
                 "with interactive.EngineCluster(n=2) as cluster:\n"
                 "    print('cluster', cluster.cluster_id, flush=True)\n"
                 f"    cluster.train(make_config('smoke', dist='ddp', epochs=100, results_dir={str(tmp_path)!r}))")

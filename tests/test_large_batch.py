@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from guide_utils.errors import GuideError
+from guide_utils.core.errors import GuideError
 from guide_utils.studies import large_batch as lb
 
 CLI = [sys.executable, "-m", "guide_utils", "large-batch"]

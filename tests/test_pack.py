@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from guide_utils.engine.data import build_data
+from guide_utils.data.loaders import build_data
 from guide_utils.cluster.pack import pack_digits
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from guide_utils.results.records import read_runs
+from guide_utils.core.records import read_runs
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -61,7 +61,7 @@ def test_bad_switch_values_are_one_line(tmp_path, flags, message):
 
 @pytest.mark.slow
 def test_the_engine_trains_on_pre_decoded_shards(tmp_path):
-    from guide_utils.perf.datasets import make_jpeg_folder, write_shards
+    from guide_utils.data.datasets import make_jpeg_folder, write_shards
 
     shards = write_shards(make_jpeg_folder(tmp_path / "jpeg", per_class=8, val_per_class=4, size=64),
                           tmp_path / "shards", image_size=40)

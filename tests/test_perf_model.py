@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from guide_utils.errors import GuideError
+from guide_utils.core.errors import GuideError
 from guide_utils.perf import planner
 from guide_utils.perf.model import Network, Workload, calibrate_network, predict, ring_allreduce_s
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guide_utils.errors import GuideError
+from guide_utils.core.errors import GuideError
 from guide_utils.perf import comms
 from guide_utils.perf.units import parse_bandwidth, parse_bytes
 

@@ -59,7 +59,7 @@ def test_throughput_axis_starts_at_zero():
 def test_utilisation_draws_one_line_per_gpu_and_refuses_a_record_without_samples(tmp_path):
     import pandas as pd
 
-    from guide_utils.results.records import RunRecorder, read_run
+    from guide_utils.core.records import RunRecorder, read_run
 
     rec = RunRecorder(tmp_path, "monitored", config={"model": "m"})
     for t in (1.0, 2.0, 3.0):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from guide_utils.errors import GuideError
-from guide_utils.results.records import RunRecorder, read_run, read_runs, runs_table
+from guide_utils.core.errors import GuideError
+from guide_utils.core.records import RunRecorder, read_run, read_runs, runs_table
 
 
 def _run(d, name="r", **config):
@@ -89,7 +89,7 @@ def test_runs_starting_together_never_share_a_record(tmp_path, monkeypatch):
     existence check says "free"); the name must still be taken by creating the file."""
     from pathlib import Path
 
-    from guide_utils.results.records import RunRecorder
+    from guide_utils.core.records import RunRecorder
 
     first = RunRecorder(tmp_path, "same", config={"i": 0})
     monkeypatch.setattr(Path, "exists", lambda self: False)
@@ -103,7 +103,7 @@ def test_a_resumed_runs_summary_covers_every_epoch_of_its_record(tmp_path):
     """Both engines summarise through RunBook: after a resume the best validation error is the
     best of the whole record, not only of the epochs trained since (the PyTorch engine once
     reported the latter, the TensorFlow door the former)."""
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine.bookkeeping import RunBook
     from guide_utils.engine.plan import RunPlan
 

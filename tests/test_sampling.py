@@ -3,7 +3,7 @@
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from guide_utils.config import make_config
+from guide_utils.core.config import make_config
 from guide_utils.engine.sampling import ResumableSampler, SeededItems, ShardSampler
 
 

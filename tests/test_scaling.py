@@ -1,8 +1,8 @@
-"""guide_utils.scaling against the thesis's numbers (seed 001)."""
+"""guide_utils.core.scaling against the thesis's numbers (seed 001)."""
 
 import pytest
 
-from guide_utils.scaling import efficiency, global_batch, scaled_lr, speedup
+from guide_utils.core.scaling import efficiency, global_batch, scaled_lr, speedup
 
 # Learning rates the thesis used, from base lr 0.1 at batch 256 (Appendices 7, 9, 11, 13, 15).
 # Appendix 9 prints 1.4 for 24 GPUs: a typo, since 24 x 128 / 256 x 0.1 = 1.2, which is what

@@ -1,4 +1,4 @@
-"""guide_utils.schedules: the thesis's warmup pseudocode, properties, and the adapters."""
+"""guide_utils.core.schedules: the thesis's warmup pseudocode, properties, and the adapters."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guide_utils.schedules import lr_at, schedule_table, torch_scheduler
+from guide_utils.core.schedules import lr_at, schedule_table, torch_scheduler
 
 
 def appendix_9_stepping(epoch, warmup_epochs=5, per_worker_learning_rate=0.05, number_of_workers=32):
@@ -128,7 +128,7 @@ def test_keras_adapter_follows_lr_at_per_batch():
     import numpy as np
     import tensorflow as tf
 
-    from guide_utils.schedules import keras_callback
+    from guide_utils.core.schedules import keras_callback
 
     kw = dict(peak_lr=0.4, warmup="gradual", warmup_epochs=2, warmup_start_lr=0.1, milestones=(2,))
     seen = []

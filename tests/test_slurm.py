@@ -1,11 +1,11 @@
-"""guide_utils.cluster.slurm: the job context and the rendezvous derived from it."""
+"""guide_utils.runtime.slurm: the job context and the rendezvous derived from it."""
 
 import re
 
 import pytest
 
-from guide_utils.cluster.slurm import PORT_BASE, PORT_SPAN, SlurmJob
-from guide_utils.errors import GuideError
+from guide_utils.runtime.slurm import PORT_BASE, PORT_SPAN, SlurmJob
+from guide_utils.core.errors import GuideError
 
 # The shape of the thesis's largest jobs (Appendix 3): 8 nodes x 4 P100, 7 CPUs per task.
 THESIS_32_GPU = {

@@ -26,7 +26,7 @@ import pytest
 
 import slurm_cluster
 
-from guide_utils.results.records import read_run
+from guide_utils.core.records import read_run
 from slurm_cluster import LOOPBACK, NODES, SlurmCluster, start_or_skip
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import slurm_cluster
 
 from guide_utils.perf import comms
 from guide_utils.results import plots
-from guide_utils.results.records import read_run
+from guide_utils.core.records import read_run
 from slurm_cluster import SlurmCluster
 
 REPO = Path(__file__).resolve().parents[1]

@@ -139,7 +139,7 @@ def test_the_exp6_plan_runs_the_thesis_workers_batch_and_lr_at_every_site(site, 
     GPU count, one GPU per task, and per-worker batch x workers and the learning rate are the
     thesis's, on nodes of 4 GPUs and of 8 alike."""
     from guide_utils.results.sources import thesis_quality
-    from guide_utils.scaling import scaled_lr
+    from guide_utils.core.scaling import scaled_lr
     from guide_utils.studies.experiments import plan
 
     thesis = thesis_quality(6)

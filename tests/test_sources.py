@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from guide_utils.results import sources
-from guide_utils.errors import GuideError
-from guide_utils.scaling import efficiency, speedup
+from guide_utils.core.errors import GuideError
+from guide_utils.core.scaling import efficiency, speedup
 
 ROWS = {1: 3, 2: 1, 3: 1, 4: 6, 5: 2, 6: 2, 7: 12, 8: 4, 9: 4, 10: 5, 11: 2, 12: 6, 13: 1, 14: 4, 15: 2}
 

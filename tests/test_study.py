@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 import pytest
 
-from guide_utils.errors import GuideError
+from guide_utils.core.errors import GuideError
 from guide_utils.studies import study, sweep, verify
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from guide_utils.studies import sweep
-from guide_utils.errors import GuideError
+from guide_utils.core.errors import GuideError
 
 CLI = [sys.executable, "-m", "guide_utils", "sweep"]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from guide_utils.throughput import ThroughputMeter, images_per_second
+from guide_utils.core.throughput import ThroughputMeter, images_per_second
 
 
 def test_formula_on_thesis_tables():

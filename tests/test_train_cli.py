@@ -158,7 +158,7 @@ def test_an_existing_record_is_never_overwritten(tmp_path):
 def test_help_documents_every_flag():
     import dataclasses
 
-    from guide_utils.config import TrainConfig
+    from guide_utils.core.config import TrainConfig
     from guide_utils.train import build_parser
 
     text = build_parser().format_help()
@@ -197,7 +197,7 @@ def test_dist_without_a_launcher_inside_a_job(tmp_path, dist, env, expected):
 
 
 def test_launcher_detection():
-    from guide_utils.cluster.launch import started_by
+    from guide_utils.runtime.launch import started_by
 
     assert started_by({}) is None
     assert started_by(BATCH_STEP) is None

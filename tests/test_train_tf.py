@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from guide_utils.errors import GuideError
-from guide_utils.schedules import lr_at
+from guide_utils.core.errors import GuideError
+from guide_utils.core.schedules import lr_at
 from guide_utils.tensorflow.runtime import check_versions
 
 PY = sys.executable
@@ -59,7 +59,7 @@ def test_learning_rate_of_every_batch_follows_lr_at(tmp_path):
     batch equals schedules.lr_at, the same function the PyTorch engine follows."""
     import tensorflow as tf
 
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.tensorflow.engine import train_tf
 
     seen: list[float] = []

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .errors import EXIT_USAGE
+from .core.errors import EXIT_USAGE
 
 COMMANDS = {
     "train": ("guide_utils.train", "main"),
@@ -36,7 +36,7 @@ COMMANDS = {
     "verify": ("guide_utils.studies.verify", "main"),
     "doctor": ("guide_utils.cluster.doctor", "main"),
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
-    "rendezvous": ("guide_utils.cluster.slurm", "rendezvous_main"),
+    "rendezvous": ("guide_utils.runtime.slurm", "rendezvous_main"),
     "comms": ("guide_utils.perf.comms", "main"),
     "plan": ("guide_utils.perf.planner", "main"),
     "pack-dataset": ("guide_utils.cluster.pack", "main"),

@@ -16,24 +16,19 @@ input (one line says what to fix).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
-from .cli import one_line_errors
-from .config import TrainConfig, make_config
+from .core import flags
+from .core.cli import ArgumentParser, one_line_errors
 
 PROG = "python -m guide_utils.train_tf"
 
 
-def build_parser():
-    from . import train
-
-    p = train.build_parser()
-    p.prog = PROG
-    p.description = ("The guide's TensorFlow door: Keras with Horovod or MultiWorkerMirroredStrategy, "
-                     "same flags and records as python -m guide_utils.train.\n\n"
-                     + __doc__.split("\n\n", 1)[1].rsplit("\n\nFlags that", 1)[0])
+def build_parser() -> ArgumentParser:
+    p = flags.build_parser(PROG, "The guide's TensorFlow door: Keras with Horovod or MultiWorkerMirroredStrategy, "
+                                 "same flags and records as python -m guide_utils.train.\n\n"
+                                 + __doc__.split("\n\n", 1)[1].rsplit("\n\nFlags that", 1)[0])
     p.epilog = "Exit status: 0 done; 2 bad input."
     for action in p._actions:
         if action.dest == "dist":
@@ -45,10 +40,7 @@ def build_parser():
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter hides the one line that matters
-    args = vars(build_parser().parse_args(argv))
-    profile = args.pop("profile")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    cfg = make_config(profile, **{k: v for k, v in args.items() if k in fields})
+    cfg = flags.config_from_argv(argv, build_parser())
 
     import tensorflow as tf
 

@@ -1,3 +1,5 @@
-"""Running on a cluster: the Slurm job as a process sees it (``slurm``), starting workers
-(``launch``), checking the stack and the job (``doctor``), proving that workers train one
-model (``sync_check``) and packing a dataset the way clusters store it (``pack``)."""
+"""The tools layer, above studies (beside ``perf``): working on a cluster. Checking the
+stack and the job (``doctor``), proving that workers train one model (``sync_check``),
+packing a dataset the way clusters store it (``pack``), site profiles (``sites``), notebooks
+driving engines on the cluster (``interactive``, ``watchdog``) and the container recipe
+(``container``)."""

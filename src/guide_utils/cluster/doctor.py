@@ -28,10 +28,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
-from ..config import PROFILES, make_config
-from .slurm import SlurmJob
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
+from ..core.config import PROFILES, make_config
+from ..runtime.slurm import SlurmJob
 
 # The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
 DEFAULT_LOADER_WORKERS = 4

@@ -1,7 +1,7 @@
 """Train on many workers from a notebook: an ipyparallel cluster whose engines run the guide's engine.
 
     from guide_utils.cluster import interactive
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
 
     with interactive.EngineCluster(n=2) as cluster:        # MPI engines on this node
         result = cluster.train(make_config("smoke", dist="horovod"))
@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import TrainConfig
-from ..errors import GuideError
+from ..core.config import TrainConfig
+from ..core.errors import GuideError
 from . import watchdog
 
 ENGINE_KINDS = ("mpi", "slurm")
@@ -88,7 +88,7 @@ class InteractiveResult:
 
     @property
     def run(self):
-        from ..results.records import read_run
+        from ..core.records import read_run
 
         return read_run(self.record_path)
 
@@ -110,7 +110,7 @@ def _require_mpi(n: int) -> None:
     if not shutil.which("mpiexec"):
         raise GuideError("mpiexec not found: load your MPI (module load ...) or apt-get install openmpi-bin; "
                          "or use engines='slurm'")
-    from .slurm import SlurmJob
+    from ..runtime.slurm import SlurmJob
 
     job = SlurmJob.from_env()
     if job is not None and n > job.ntasks:
@@ -329,7 +329,7 @@ class EngineCluster:
         lines = tail.strip().splitlines()[-15:] or ["(empty: the job has not started)"]
         print(f"--- the last lines of {log}:\n" + "\n".join(lines), flush=True)
         hint = ""
-        from .slurm import SlurmJob
+        from ..runtime.slurm import SlurmJob
 
         job = SlurmJob.from_env()
         elsewhere = self.engines == "slurm" or (job is not None and job.num_nodes > 1)
@@ -471,7 +471,7 @@ class _LivePlot:
         plt.close(self.fig)  # shown through the handle only
 
     def update(self, record: str) -> None:
-        from ..results.records import read_run
+        from ..core.records import read_run
 
         epochs = read_run(record).epochs
         self.ax.clear()
@@ -515,7 +515,7 @@ def _engine_environment(engines: str, n: int) -> dict[str, str]:
     halved the time of a 2-engine Horovod run."""
     env = {"PYTHONPATH": watchdog._pythonpath(), "PYTHONUNBUFFERED": "1"}
     if engines == "mpi":
-        from .launch import environment
+        from ..runtime.launch import environment
 
         full = environment()
         env.update({k: v for k, v in full.items() if os.environ.get(k) != v})

@@ -23,8 +23,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
 
 PROG = "python -m guide_utils pack-dataset"
 DATASETS = ("digits",)
@@ -39,7 +39,7 @@ def pack_digits(out: Path, name: str = "digits") -> Path:
     import numpy as np
     from PIL import Image
 
-    from ..engine.data import build_data
+    from ..data.loaders import build_data
 
     out = Path(out)
     if out.exists():

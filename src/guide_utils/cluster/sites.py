@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 VALUES = ("GUIDE_ACCOUNT", "GUIDE_PARTITION", "GUIDE_TASKS_PER_NODE", "GUIDE_CPUS_PER_TASK", "GUIDE_GPU_REQUEST",
           "GUIDE_SOFTWARE", "GUIDE_SRUN_MPI", "GUIDE_TRAIN_PROFILE")

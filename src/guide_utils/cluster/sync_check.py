@@ -21,8 +21,8 @@ import socket
 import sys
 from pathlib import Path
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
 from ..engine.bookkeeping import weights_digest
 from ..engine.distributed import KINDS, init
 

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..config import TrainConfig
+from ..core.config import TrainConfig
 from .plan import RunPlan, default_run_name
 
 
@@ -40,7 +40,7 @@ def weights_digest(named_arrays: Iterable[tuple[str, Any]]) -> str:
 
 def environment(dist_kind: str, workers: int, **framework: Any) -> dict[str, Any]:
     """The facts recorded with every run: where it ran, with what, and in which Slurm job."""
-    from ..cluster.slurm import SlurmJob
+    from ..runtime.slurm import SlurmJob
 
     env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(), **framework,
                            "dist": dist_kind, "workers": workers}
@@ -64,7 +64,7 @@ class RunBook:
     def __init__(self, cfg: TrainConfig, plan: RunPlan, *, framework: str, prefix: str, is_root: bool,
                  data: str, environment: Callable[[], dict], run_name: str | None = None, resume: bool = False,
                  resuming: str = ""):
-        from ..results.records import RunRecorder
+        from ..core.records import RunRecorder
 
         self.cfg, self.plan, self.prefix, self.is_root = cfg, plan, prefix, is_root
         self.recorder = self.monitor = None
@@ -122,7 +122,7 @@ class RunBook:
         run's does."""
         if not self.recorder:
             return
-        from ..results.records import read_run
+        from ..core.records import read_run
 
         errors = read_run(self.recorder.path).epochs.get("val_top1_err")
         errors = [e for e in (errors if errors is not None else []) if e is not None and not math.isnan(e)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 _NAME = re.compile(r"^checkpoint-epoch(?P<epoch>\d{4,})(?:-step(?P<step>\d{7,}))?\.pt$")
 

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import GuideError
-from ..cluster.launch import require_launcher
+from ..core.errors import GuideError
+from ..runtime.launch import require_launcher
 
 KINDS = ("none", "horovod", "ddp")
 

@@ -1,6 +1,6 @@
 """The training engine: the one loop every notebook, sbatch script, benchmark and test runs.
 
-    from guide_utils.config import make_config
+    from guide_utils.core.config import make_config
     from guide_utils.engine import train
     result = train(make_config("smoke", epochs=2))
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import TrainConfig
-from ..errors import GuideError
+from ..core.config import TrainConfig
+from ..core.errors import GuideError
 from . import checkpoint, distributed, state as run_state
 from .bookkeeping import RunBook, environment, weights_digest
 from .metrics import Sums, evaluate
@@ -65,7 +65,7 @@ def train(cfg: TrainConfig) -> RunResult:
 def _train(cfg: TrainConfig, dist) -> RunResult:
     import torch
 
-    from .data import build_data, describe
+    from ..data.loaders import build_data, describe
 
     _configure_torch(cfg, dist)
     torch.manual_seed(cfg.seed)
@@ -140,7 +140,7 @@ def _train_steps(cfg, plan, st, loaders, dist, epoch: int, first_step: int, stop
     import torch
     from tqdm import tqdm
 
-    from ..throughput import ThroughputMeter
+    from ..core.throughput import ThroughputMeter
 
     loaders.sampler.set_epoch(epoch)
     loaders.sampler.set_start(first_step * cfg.per_worker_batch)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 CUSTOM = ("small_resnet", "mnist1d_cnn")
 MODEL_CHOICES_HELP = "a torchvision classifier (e.g. resnet50), small_resnet (2-D, CPU-sized) or mnist1d_cnn (1-D)"

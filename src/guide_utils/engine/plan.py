@@ -2,7 +2,7 @@
 world it starts in. The PyTorch engine and the TensorFlow door both train by it, so a
 setting means the same thing in both.
 
->>> from guide_utils.config import make_config
+>>> from guide_utils.core.config import make_config
 >>> plan = RunPlan.make(make_config("full", warmup="gradual"), workers=32, samples_per_worker=40_036)
 >>> (plan.global_batch, plan.peak_lr, plan.steps_per_epoch)
 (4096, 1.6, 312)
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import TrainConfig
-from ..errors import GuideError
-from ..scaling import global_batch, scaled_lr
-from ..schedules import lr_at
+from ..core.config import TrainConfig
+from ..core.errors import GuideError
+from ..core.scaling import global_batch, scaled_lr
+from ..core.schedules import lr_at
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import TrainConfig
-from ..errors import GuideError
+from ..core.config import TrainConfig
+from ..core.errors import GuideError
 from . import checkpoint
 from .plan import RunPlan
 
@@ -58,7 +58,7 @@ def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_c
     ``cfg.checkpoint_dir`` if there is one; model and optimizer prepared by ``dist``."""
     import torch
 
-    from ..schedules import torch_scheduler
+    from ..core.schedules import torch_scheduler
 
     optimizer = make_optimizer(cfg, model.parameters(), lr=plan.peak_lr)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
 from .units import human_bytes, parse_bytes
 
 PROG = "python -m guide_utils comms"
@@ -175,7 +175,7 @@ class _TorchComm(_Comm):
         import torch
         import torch.distributed as tdist
 
-        from ..cluster.launch import require_launcher
+        from ..runtime.launch import require_launcher
 
         launcher, job = require_launcher("ddp")
         if launcher != "torchrun":  # srun without torchrun: rank and rendezvous from the Slurm step
@@ -423,7 +423,7 @@ def unavailable(runtime: str, workers: int = 2, launching: bool = True) -> str |
 
 def launch_local(runtime: str, workers: int, worker_args: list[str], *, timeout: float = 900) -> list[dict[str, Any]]:
     """Start ``workers`` processes of this command on this machine for ``runtime``; their rows."""
-    from ..cluster import launch
+    from ..runtime import launch
 
     with tempfile.TemporaryDirectory(prefix="guide-comms-") as tmp:
         out = Path(tmp) / "rows.jsonl"
@@ -568,7 +568,7 @@ def _fusion_bytes(text: str) -> int:
 
 def run_worker(args, message_sizes: list[int]) -> list[dict[str, Any]]:
     """This process is one worker of a launched job: measure, and return rank 0's rows."""
-    from ..cluster.launch import started_by
+    from ..runtime.launch import started_by
 
     launcher = started_by()
     runtime = (args.runtime or [None])[0] or ("horovod" if launcher in ("horovodrun", "mpirun") else
@@ -628,7 +628,7 @@ def argparse_copy(args, **changes):
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
-    from ..cluster.launch import started_by
+    from ..runtime.launch import started_by
 
     args = build_parser().parse_args(argv)
     if args.show:

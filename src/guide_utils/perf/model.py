@@ -36,7 +36,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 from .units import parse_bandwidth
 
 # Parameters of the models the guide trains or cites (torchvision's counts).

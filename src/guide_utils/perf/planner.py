@@ -28,9 +28,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
-from ..scaling import IMAGENET_TRAIN_IMAGES, scaled_lr
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
+from ..core.scaling import IMAGENET_TRAIN_IMAGES, scaled_lr
 from .model import PARAMETERS, Network, Prediction, Workload, predict
 
 PROG = "python -m guide_utils plan"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 LAUNCHED = {"horovodrun": "horovod", "mpirun": "horovod", "torchrun": "ddp"}
 
@@ -69,7 +69,7 @@ def _records_rate(results: Path) -> float:
 
 def command(setup: Setup, base_flags: list[str], results: Path) -> list[list[str]]:
     """The command line(s) that start ``setup``: one per process for ``independent``."""
-    from ..cluster import launch
+    from ..runtime import launch
 
     flags = [*base_flags, *setup.flags, "--results-dir", str(results), "--no-progress"]
     if setup.start == "alone":
@@ -88,7 +88,7 @@ def command(setup: Setup, base_flags: list[str], results: Path) -> list[list[str
 
 def throughput(setup: Setup, base_flags: list[str], *, timeout: float = 900) -> float:
     """Run ``setup`` once; images/s of all its workers together."""
-    from ..cluster import launch
+    from ..runtime import launch
 
     env = {**launch.environment(), **dict(setup.env)}
     with tempfile.TemporaryDirectory(prefix="guide-setup-") as tmp:

@@ -107,7 +107,7 @@ def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, ba
 def prepare_data(root: Path, *, per_class: int = 512, size: int = 256, image_size: int = 72) -> dict[str, str]:
     """The walk's datasets under ``root``: the JPEG folder (the "shared filesystem" copy), its
     pre-decoded shards, and the shards staged to ``root/local-scratch`` as a job would."""
-    from .datasets import make_jpeg_folder, write_shards
+    from ..data.datasets import make_jpeg_folder, write_shards
 
     root = Path(root)
     jpeg = make_jpeg_folder(root / "shared" / "photos-jpeg", per_class=per_class, size=size)
@@ -162,15 +162,9 @@ def profile_step(model: str = "resnet18", *, batch: int = 32, image_size: int = 
 
 def config(flags: dict[str, str | None] | list[str]):
     """The engine's TrainConfig for these command-line flags, as ``python -m guide_utils.train`` builds it."""
-    import dataclasses
+    from ..core.flags import config_from_argv
 
-    from ..config import TrainConfig, make_config
-    from ..train import build_parser
-
-    args = vars(build_parser().parse_args(argv(flags) if isinstance(flags, dict) else list(flags)))
-    profile = args.pop("profile")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    return make_config(profile, **{k: v for k, v in args.items() if k in fields})
+    return config_from_argv(argv(flags) if isinstance(flags, dict) else list(flags))
 
 
 def run_here(flags: dict[str, str | None], results_dir: str | Path, **overrides):
@@ -179,7 +173,7 @@ def run_here(flags: dict[str, str | None], results_dir: str | Path, **overrides)
     import dataclasses
 
     from ..engine import train
-    from ..results.records import read_run
+    from ..core.records import read_run
 
     cfg = dataclasses.replace(config(flags), results_dir=str(results_dir), progress=False, **overrides)
     return read_run(train(cfg).record_path)

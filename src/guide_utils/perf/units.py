@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 # Binary prefixes for K/M/G alone (what `--max-bytes 256M` means to most people on a cluster:
 # nccl-tests' -e 256M is 256 MiB); "kB/MB/GB" are decimal, "KiB/MiB/GiB" binary.

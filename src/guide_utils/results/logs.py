@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GuideError
-from ..throughput import images_per_second
+from ..core.errors import GuideError
+from ..core.throughput import images_per_second
 
 _NUM = r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
 _RANK = r"(?:^|\s)(?:(?P<rank>\d+):\s*)?"

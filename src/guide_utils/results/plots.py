@@ -60,7 +60,7 @@ def scaling_panels(curves: dict, *, axes=None, ideal_up_to: int | None = None):
     """
     import matplotlib.pyplot as plt
 
-    from ..scaling import efficiency, speedup
+    from ..core.scaling import efficiency, speedup
 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -121,7 +121,7 @@ def quality_vs_k(outcomes, *, table=None, ax=None, metric="best_val_top1_err",
 
 def lr_schedules(schedules: dict, *, epochs: int, steps_per_epoch: int = 20, ax=None):
     """Learning rate against (fractional) epoch for each named ``lr_at`` schedule."""
-    from ..schedules import lr_at
+    from ..core.schedules import lr_at
 
     ax = _axes(ax, figsize=(7, 3.5))
     xs = [i / steps_per_epoch for i in range(epochs * steps_per_epoch)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 TABLES = range(1, 16)
 # Which table holds which experiment's results, by framework (thesis sections 5.1-5.9).

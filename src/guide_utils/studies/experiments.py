@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
-from ..config import make_config
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
+from ..core.config import make_config
 
 PROG = "python -m guide_utils experiments"
 SMOKE_BATCH = 32  # smoke: the per-worker batch of "one thesis GPU"
@@ -196,7 +196,7 @@ def plan(name: str, profile: str, index: int | None = None) -> list[tuple[int, P
 
 def describe(run: PlannedRun, profile: str) -> str:
     """One line of what a run trains: model, data, workers x batch, learning rate, warmup, epochs."""
-    from ..scaling import scaled_lr
+    from ..core.scaling import scaled_lr
 
     cfg = make_config("smoke" if profile == "smoke" else "full", **run.settings)
     gbatch = cfg.per_worker_batch * run.workers
@@ -222,7 +222,7 @@ def print_plan(name: str, profile: str, index: int | None = None, *, commands: b
 
 def plan_table(name: str, profile: str, chosen: list[tuple[int, PlannedRun, str]]) -> list[str]:
     """The lines of a compact plan: the experiment, what its runs share, one row per run."""
-    from ..scaling import scaled_lr
+    from ..core.scaling import scaled_lr
 
     exp, full = EXPERIMENTS[name], runs(name, "full")
     cfgs = {i: make_config("smoke" if profile == "smoke" else "full", **run.settings) for i, run, _ in chosen}
@@ -284,8 +284,8 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
     nothing while training (a notebook prints one table from the records afterwards); else
     rank 0's line per epoch.
     """
-    from ..cluster import launch as _launch
-    from ..results.records import read_runs
+    from ..runtime import launch as _launch
+    from ..core.records import read_runs
 
     [(i, run, _)] = plan(name, profile, index)
     if run.workers == 1:  # no progress bar in a notebook

@@ -52,8 +52,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
 from .experiments import SMOKE_BATCH as BASE_BATCH
 from .experiments import SMOKE_QUALITY
 from . import study
@@ -146,9 +146,9 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     """Train one point through the engine; its row of the results table (see ``COLUMNS``)."""
     import torch
 
-    from ..config import make_config
+    from ..core.config import make_config
     from ..engine import train
-    from ..scaling import scaled_lr
+    from ..core.scaling import scaled_lr
 
     cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))
     cfg.extra = {"large_batch": asdict(point)}
@@ -313,7 +313,7 @@ def cluster_commands(nodes: int = 64, gpus_per_node: int = 4, per_gpu: int = 32)
     """How each method runs at ImageNet scale through the sbatch examples: 06 (Horovod, gradual
     warmup; its array index 0 is a per-GPU batch of 32) with the method's flags. LARS and LAMB
     need base rates tuned for the problem first (LR, B: yours to fill in)."""
-    from ..scaling import global_batch
+    from ..core.scaling import global_batch
 
     gbatch = global_batch(per_gpu, nodes * gpus_per_node)
     submit = (f"WARMUP=gradual slurm_examples/submit.sh slurm_examples/06_learning_rate_warmup.sbatch "

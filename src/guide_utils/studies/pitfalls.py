@@ -139,7 +139,7 @@ def batchnorm_spread(per_worker_batches: Sequence[int], *, global_batch: int = 1
     means from the global ones, relative to the channels' standard deviation."""
     import torch
 
-    from ..engine.data import build_data
+    from ..data.loaders import build_data
     from ..engine.models import mnist1d_cnn
 
     data = build_data("mnist1d", mnist1d_samples=samples, seed=seed)
@@ -164,7 +164,7 @@ def lr_scaling_cases(k: int = 16, *, epochs: int = 1, results_dir: str | Path, b
     code that multiplies by k again, e.g. ``lr * hvd.size()`` on top of the rule). Each row:
     the case, the peak learning rate the run plan printed, and the run's last losses and
     validation error."""
-    from ..config import make_config
+    from ..core.config import make_config
     from ..engine import train
     from ..engine.plan import RunPlan
 

@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 
 def cpu_isa() -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 
 def read(path: str | Path, *, what: str, command: str, columns: Iterable[str], dtype: dict | None = None):

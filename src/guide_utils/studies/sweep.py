@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
 from .experiments import SMOKE_BATCH as BASE_BATCH
 from .experiments import SMOKE_QUALITY
 from . import study
@@ -86,9 +86,9 @@ def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
     """Train one point through the engine; returns its row of the results table."""
     import torch
 
-    from ..config import make_config
+    from ..core.config import make_config
     from ..engine import train
-    from ..scaling import scaled_lr
+    from ..core.scaling import scaled_lr
 
     cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))
     cfg.extra = {"sweep": {"k": point.k, "method": point.method, "seed": point.seed}}
@@ -164,7 +164,7 @@ def recorded_curves(method: str, k: int) -> list:
     that their best and final errors are the sweep's."""
     from importlib import resources
 
-    from ..results.records import read_runs
+    from ..core.records import read_runs
 
     folder = Path(str(resources.files("guide_utils.results") / "recorded" / CURVES))
     found = [r for r in read_runs(folder) if r.config.get("extra", {}).get("sweep", {}).get("method") == method

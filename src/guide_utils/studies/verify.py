@@ -31,8 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
 from ..results.plots import hardware_label
 from . import study, sweep
 

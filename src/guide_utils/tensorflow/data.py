@@ -1,5 +1,5 @@
 """The engine's datasets as ``tf.data`` pipelines: the same samples and splits as the
-PyTorch engine's (``guide_utils.engine.data.arrays``), sharded per worker under Horovod;
+PyTorch engine's (``guide_utils.data.loaders.arrays``), sharded per worker under Horovod;
 MultiWorkerMirroredStrategy shards the batched dataset itself."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import TrainConfig
-from ..errors import GuideError
+from ..core.config import TrainConfig
+from ..core.errors import GuideError
 from .runtime import TFDist
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -29,7 +29,7 @@ class TFData:
 def build_tf_data(cfg: TrainConfig, dist: TFDist) -> TFData:
     import tensorflow as tf
 
-    from ..engine.data import arrays
+    from ..data.loaders import arrays
 
     shard = dist.kind == "horovod"  # MWMS shards the batched dataset itself
     if cfg.data == "synthetic":

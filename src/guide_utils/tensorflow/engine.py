@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import TrainConfig
+from ..core.config import TrainConfig
 from ..engine.bookkeeping import RunBook, environment, weights_digest
 from ..engine.loop import RunResult
 from ..engine.plan import RunPlan
-from ..errors import GuideError
+from ..core.errors import GuideError
 from .data import build_tf_data
 from .models import build_keras_model, check_model_name
 from .runtime import check_versions, init, keras_version
@@ -205,7 +205,7 @@ def _callbacks(cfg: TrainConfig, plan: RunPlan, dist, book: RunBook, checkpoints
                rows: list) -> list:
     """Horovod's callbacks (broadcast, metric averaging), the learning-rate schedule, and the
     guide's per-epoch bookkeeping, in the order Horovod prescribes."""
-    from ..schedules import keras_callback
+    from ..core.schedules import keras_callback
 
     cbs: list = []
     if dist.kind == "horovod":
@@ -220,7 +220,7 @@ def _epoch_callback(cfg: TrainConfig, plan: RunPlan, dist, book: RunBook, checkp
     """Per epoch: throughput, the record line, the printed line and (rank 0) the checkpoint."""
     import tensorflow as tf
 
-    from ..throughput import ThroughputMeter
+    from ..core.throughput import ThroughputMeter
 
     class EpochBookkeeping(tf.keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):

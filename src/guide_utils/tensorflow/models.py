@@ -3,7 +3,7 @@ large ones from ``tf.keras.applications``."""
 
 from __future__ import annotations
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 KERAS_APPLICATIONS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "resnet152": "ResNet152",
                       "mobilenet_v2": "MobileNetV2", "vgg16": "VGG16"}

@@ -6,7 +6,7 @@ Horovod, or TensorFlow's own MultiWorkerMirroredStrategy with the cluster taken 
 >>> check_versions("2.16.1", "3.3.3")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-guide_utils.errors.GuideError: TensorFlow 2.16.1 with Keras 3.3.3: Horovod 0.28.1 supports Keras 2 only ...
+guide_utils.core.errors.GuideError: TensorFlow 2.16.1 with Keras 3.3.3: Horovod 0.28.1 supports Keras 2 only ...
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 MIN_TF, MAX_TF = (2, 9), (2, 15)
 DISTS = ("none", "horovod", "mwms")
@@ -82,7 +82,7 @@ def init(kind: str) -> TFDist:
 def _init_horovod() -> TFDist:
     import tensorflow as tf
 
-    from ..cluster.launch import require_launcher
+    from ..runtime.launch import require_launcher
 
     require_launcher("horovod")
     try:
@@ -105,7 +105,7 @@ def _init_mwms() -> TFDist:
 
     import tensorflow as tf
 
-    from ..cluster.launch import require_launcher
+    from ..runtime.launch import require_launcher
 
     if "TF_CONFIG" in os.environ:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()

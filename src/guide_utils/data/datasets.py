@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 SHARD_IMAGES = 1024
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 LAUNCHERS = ("horovodrun", "mpirun", "torchrun")
 # Variables by which MPI process managers announce a rank: OpenMPI's mpirun, MPICH/Intel

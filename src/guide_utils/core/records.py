@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import GuideError
+from .errors import GuideError
 
 TABLE_CONFIG = ["model", "data", "dist", "workers", "per_worker_batch", "global_batch", "optimizer", "lr_scaling",
                 "warmup", "warmup_epochs", "epochs"]

@@ -12,7 +12,7 @@
   at large batches); those use MNIST-1D.
 * a directory: ``DIR/train/<class>/*`` and ``DIR/val/<class>/*`` with the thesis's
   transforms (Appendix 5), the layout of the PyTorch-examples ImageNet script; or a
-  directory of pre-decoded uint8 shards with ``shards.json`` (``guide_utils.perf.datasets``).
+  directory of pre-decoded uint8 shards with ``shards.json`` (``guide_utils.data.datasets``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from ..errors import GuideError
+from ..core.errors import GuideError
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -176,9 +176,9 @@ def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, syn
                           int(max(a["y"].max(), a["y_test"].max())) + 1, (1, a["x"].shape[1]))
     if spec == "digits":
         return _digits()
-    from ..perf.datasets import DecodedShards, is_shards
+    from .datasets import DecodedShards, is_shards
 
-    if is_shards(spec):  # pre-decoded uint8 shards (guide_utils.perf.datasets.write_shards)
+    if is_shards(spec):  # pre-decoded uint8 shards (guide_utils.data.datasets.write_shards)
         train, val = DecodedShards(spec, "train", crop=image_size), DecodedShards(spec, "val", crop=image_size)
         return DataBundle(Path(spec).name, train, val, len(train.classes), (3, image_size, image_size))
     return _image_folder(Path(spec), image_size)

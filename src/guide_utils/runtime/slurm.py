@@ -22,8 +22,8 @@ from typing import Mapping
 
 import hostlist
 
-from ..cli import ArgumentParser, one_line_errors
-from ..errors import GuideError
+from ..core.cli import ArgumentParser, one_line_errors
+from ..core.errors import GuideError
 
 # Rendezvous ports are taken from 20000-29999: above the well-known and registered ports
 # most services use, below Linux's ephemeral range (32768-60999) where the kernel hands out

@@ -3,7 +3,7 @@
 A user who mistypes a flag or points at a missing file should see one line that names the
 problem and the fix, and a non-zero exit status, not a traceback or a screen of usage. A
 bug in the guide, on the other hand, must keep its traceback: only the guide's own
-:class:`~guide_utils.errors.GuideError` and operating-system errors (a missing file, a
+:class:`~guide_utils.core.errors.GuideError` and operating-system errors (a missing file, a
 permission) become one line. ``--debug`` or ``GUIDE_DEBUG=1`` shows the traceback of
 those too.
 """

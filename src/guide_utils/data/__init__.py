@@ -1,0 +1,3 @@
+"""The data layer, above runtime: the data the engines read. The dataset archive format
+clusters store (``datasets``) and the PyTorch datasets and loaders: MNIST-1D, synthetic
+images, image folders and archives (``loaders``)."""

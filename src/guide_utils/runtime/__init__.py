@@ -1,0 +1,4 @@
+"""The runtime layer, above core: what the launcher and the node tell a process. The Slurm
+job as a process sees it (``slurm``: job variables, node lists, the rendezvous) and which
+launcher started it, with the checks that it was started as the chosen backend needs
+(``launch``)."""
