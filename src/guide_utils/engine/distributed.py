@@ -20,7 +20,23 @@ from ..core.errors import GuideError
 from ..runtime.launch import require_launcher
 
 KINDS = ("none", "horovod", "ddp")
+GPU_BACKEND = "nccl"  # RCCL on ROCm builds of PyTorch, under the same name
 
+
+def process_group_backend(device_type: str, gpu_backend: str = GPU_BACKEND) -> str:
+    """The torch.distributed backend for ranks on ``device_type`` devices.
+
+    NCCL reduces only GPU tensors, but the engine also reduces small CPU tensors (the stop
+    flag, the epoch's sums) and pickled objects: on GPUs each device type gets the backend
+    that can reduce it, else the first CPU collective fails ("No backend type associated
+    with device type cpu").
+
+    >>> process_group_backend("cuda")
+    'cpu:gloo,cuda:nccl'
+    >>> process_group_backend("cpu")
+    'gloo'
+    """
+    return f"cpu:gloo,cuda:{gpu_backend}" if device_type == "cuda" else "gloo"
 
 
 @dataclass
@@ -172,8 +188,8 @@ def _init_ddp() -> Dist:
         os.environ.setdefault("LOCAL_WORLD_SIZE", str(max(job.tasks_per_node or [1])))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = _pick_device(local_rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    tdist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    tdist.init_process_group(backend=process_group_backend(device.type),
+                             device_id=device if device.type == "cuda" else None)
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, local_size, device)
 

@@ -1,0 +1,73 @@
+"""DDP on GPUs: the engine's CPU collectives (stop flag, epoch sums, gathered objects) must
+not go to NCCL, which reduces only GPU tensors. This machine has no GPU, so a backend
+registered for CUDA devices only stands in for NCCL: the crash a GPU run met is reproduced,
+and the engine's choice of backend is shown to avoid it."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as tdist  # noqa: E402
+
+from guide_utils.engine import distributed  # noqa: E402
+from guide_utils.engine.metrics import Sums  # noqa: E402
+
+CUDA_ONLY = "cudaonlyfake"  # reduces like Gloo, but torch routes only CUDA tensors to it
+
+
+def _register_cuda_only_backend() -> None:
+    if not hasattr(tdist.Backend, CUDA_ONLY.upper()):
+        tdist.Backend.register_backend(
+            CUDA_ONLY, lambda store, rank, size, timeout: tdist.ProcessGroupGloo(store, rank, size, timeout),
+            devices=["cuda"])
+
+
+def _engine_collectives(dist) -> list:
+    """What the engine reduces on the CPU in every run: the epoch's sums, the stop flag
+    (engine/loop.py) and an object gathered from every rank."""
+    sums = Sums("cpu")
+    sums.t += torch.tensor([2.0, 1.0, 1.0, 4.0], dtype=torch.float64)
+    stop = dist.allreduce_mean(torch.tensor([0.0]), name="stop")
+    return [sums.totals(dist), stop.item(), dist.allgather_object("rank 0")]
+
+
+@pytest.fixture
+def one_rank_group():
+    """``start(backend)``: a one-rank process group over an in-memory store; destroyed after."""
+    _register_cuda_only_backend()
+
+    def start(backend: str):
+        tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
+        return distributed.Dist("ddp", 0, 1)
+
+    yield start
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def test_a_gpu_only_backend_cannot_reduce_the_engine_s_cpu_tensors(one_rank_group):
+    """What `--dist ddp` on GPUs did before: backend="nccl" alone, and the first CPU
+    collective failed."""
+    dist = one_rank_group(f"cuda:{CUDA_ONLY}")
+    with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+        _engine_collectives(dist)
+
+
+def test_the_engine_s_backend_for_gpus_reduces_cpu_tensors_too(one_rank_group):
+    dist = one_rank_group(distributed.process_group_backend("cuda", gpu_backend=CUDA_ONLY))
+    assert _engine_collectives(dist) == [[2.0, 1.0, 1.0, 4.0], 0.0, ["rank 0"]]
+
+
+def test_ddp_on_a_gpu_asks_for_a_backend_per_device_type(monkeypatch):
+    """The engine's own start-up under torchrun on a GPU node: which backend it asks for."""
+    asked = {}
+    monkeypatch.setattr(distributed, "require_launcher", lambda kind: ("torchrun", None))
+    monkeypatch.setattr(distributed, "_pick_device", lambda local_rank: torch.device("cuda", local_rank))
+    monkeypatch.setattr(tdist, "init_process_group", lambda **kw: asked.update(kw))
+    monkeypatch.setattr(tdist, "get_rank", lambda: 0)
+    monkeypatch.setattr(tdist, "get_world_size", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    dist = distributed.init("ddp")
+    assert asked["backend"] == "cpu:gloo,cuda:nccl" and asked["device_id"] == torch.device("cuda", 0)
+    assert (dist.kind, dist.size, dist.device.type) == ("ddp", 4, "cuda")
