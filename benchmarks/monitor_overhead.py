@@ -7,44 +7,36 @@ alternately in this one process, several times; prints both images/s (median) an
         --per-worker-batch 128 --loader-workers 8 --steps 200     # one GPU
 
 Exit status 1 if monitoring costs more than --max-loss (default 1 %). Not a timed test: run
-it on the machine you care about; on a shared or busy machine repeat it.
+it on the machine you care about; on a shared or busy machine repeat it. Every flag of
+``python -m guide_utils.train`` applies to both runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import tempfile
 
+from bench_flags import parse, parser, timed_config
+
+PROG = "python benchmarks/monitor_overhead.py"
+
 
 def rate(args, monitor: float | None) -> float:
-    from guide_utils.core.config import make_config
     from guide_utils.engine import train
 
     with tempfile.TemporaryDirectory() as results:
-        cfg = make_config("full", model=args.model, data="synthetic", image_size=args.image_size,
-                          synthetic_size=args.per_worker_batch * (args.steps + 1), epochs=1,
-                          per_worker_batch=args.per_worker_batch, loader_workers=args.loader_workers,
-                          max_steps_per_epoch=args.steps, throughput_warmup_iters=args.warmup,
-                          results_dir=results, progress=False, monitor=monitor)
-        return train(cfg).epochs[0]["images_per_second"]
+        return train(timed_config(args, results_dir=results, monitor=monitor)).epochs[0]["images_per_second"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="small_resnet")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--per-worker-batch", type=int, default=64)
-    p.add_argument("--loader-workers", type=int, default=0)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (the --monitor default)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--max-loss", type=float, default=0.01)
-    p.add_argument("--record", help="write the result, provenance first, to this file (JSON lines)")
-    args = p.parse_args(argv)
+    p, own = parser(PROG, __doc__, steps=60, warmup=5)
+    own.add_argument("--interval", type=float, default=1.0, help="seconds between samples (the --monitor default)")
+    own.add_argument("--repeats", type=int, default=5)
+    own.add_argument("--max-loss", type=float, default=0.01)
+    own.add_argument("--record", help="write the result, provenance first, to this file (JSON lines)")
+    args = parse(p, argv)
     load_before = os.getloadavg()[0]
     rate(args, None)  # warm up: data, allocator, thread pools
     off, on = [], []

@@ -8,7 +8,8 @@ one process (or in every process of a horovodrun/mpirun/srun launch with --dist 
 excludes the first --warmup iterations from the timing, and prints tf_cnn_benchmarks' own
 summary line (``total images/sec: ...``, which guide_utils.results.logs reads) per framework and the
 TensorFlow/PyTorch ratio. Every measurement is also a run record in --results-dir, the same
-format as every other run, so one plot compares them (notebook 08).
+format as every other run, so one plot compares them (notebook 08). The other flags of
+``python -m guide_utils.train`` apply to every measurement.
 
     python benchmarks/tf_cnn_benchmark.py                                  # CPU, small model, ~1 min
     srun --mpi=pmix python benchmarks/tf_cnn_benchmark.py --dist horovod --model resnet50 \\
@@ -17,10 +18,11 @@ format as every other run, so one plot compares them (notebook 08).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
+
+from bench_flags import parse, parser, timed_config
 
 from guide_utils.core.cli import GuideError, one_line_errors
 
@@ -28,29 +30,18 @@ PROG = "python benchmarks/tf_cnn_benchmark.py"
 
 
 def _config(args, batch: int, results: str, framework: str):
-    from guide_utils.core.config import make_config
-
-    return make_config("full", model=args.model, data="synthetic", image_size=args.image_size, epochs=1,
-                       synthetic_size=batch * (args.steps + 1) * args.workers_hint, per_worker_batch=batch,
-                       max_steps_per_epoch=args.steps, throughput_warmup_iters=args.warmup, loader_workers=0,
-                       dist=args.dist, results_dir=results, progress=False,
-                       run_name=f"bench-{framework}-{args.model}-{args.dist}-bs{batch}")
+    return timed_config(args, per_worker_batch=batch, workers=args.workers_hint, results_dir=results,
+                        run_name=f"bench-{framework}-{args.model}-{args.dist}-bs{batch}")
 
 
 @one_line_errors(PROG)
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="small_resnet")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--batches", type=int, nargs="+", default=[32, 64, 128], help="per-worker batch sizes")
-    p.add_argument("--steps", type=int, default=30, help="iterations per measurement, warm-up included")
-    p.add_argument("--warmup", type=int, default=10, help="iterations excluded from the timing")
-    p.add_argument("--dist", choices=["none", "horovod"], default="none")
-    p.add_argument("--frameworks", nargs="+", choices=["tensorflow", "pytorch"], default=["tensorflow", "pytorch"])
-    p.add_argument("--results-dir", help="keep the run records here (default: a temporary folder)")
-    args = p.parse_args(argv)
-    if args.steps <= args.warmup:
-        raise GuideError(f"--steps {args.steps} must exceed --warmup {args.warmup}")
+    p, own = parser(PROG, __doc__, steps=30, warmup=10)
+    own.add_argument("--batches", type=int, nargs="+", default=[32, 64, 128], help="per-worker batch sizes")
+    own.add_argument("--dist", choices=["none", "horovod"], default="none")
+    own.add_argument("--frameworks", nargs="+", choices=["tensorflow", "pytorch"], default=["tensorflow", "pytorch"])
+    own.add_argument("--results-dir", help="keep the run records here (default: a temporary folder)")
+    args = parse(p, argv)
     if any(b <= 0 for b in args.batches):
         raise GuideError(f"--batches must be positive integers, got {args.batches}")
     # Synthetic samples per run: just enough for --steps on every worker (validation then

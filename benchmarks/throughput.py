@@ -11,31 +11,29 @@ learning-rate schedule, a throughput meter and stop checks; the ratio shows what
         --loader-workers 8 --steps 100                              # one GPU
 
 Exit status 1 if the ratio falls below --min-ratio (default 0.97). Not a timed test: run
-it on the machine you care about.
+it on the machine you care about. Every flag of ``python -m guide_utils.train`` applies to
+the engine's run (the hand-written loop follows the model, batch, image size, loader workers,
+--amp and --channels-last).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
 import time
 
+from bench_flags import parse, parser, timed_config
+
+PROG = "python benchmarks/throughput.py"
+
 
 def engine_rate(args) -> float:
-    from guide_utils.core.config import make_config
     from guide_utils.engine import train
 
     with tempfile.TemporaryDirectory() as results:
-        cfg = make_config("full", model=args.model, data="synthetic", image_size=args.image_size,
-                          synthetic_size=args.per_worker_batch * (args.steps + 1), epochs=1,
-                          per_worker_batch=args.per_worker_batch, loader_workers=args.loader_workers,
-                          max_steps_per_epoch=args.steps, throughput_warmup_iters=args.warmup,
-                          amp=args.amp, channels_last=args.channels_last or None, results_dir=results,
-                          progress=False)
-        return train(cfg).epochs[0]["images_per_second"]
+        return train(timed_config(args, results_dir=results)).epochs[0]["images_per_second"]
 
 
 def hand_rate(args) -> float:
@@ -59,7 +57,7 @@ def hand_rate(args) -> float:
     model.train()
     start = None
     for i, (x, y) in enumerate(loader):
-        if i == args.warmup:
+        if i == args.warmup_iters:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -73,24 +71,16 @@ def hand_rate(args) -> float:
         opt.step()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return (args.steps - args.warmup) * args.per_worker_batch / (time.perf_counter() - start)
+    return (args.steps - args.warmup_iters) * args.per_worker_batch / (time.perf_counter() - start)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="small_resnet")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--per-worker-batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=60, help="iterations per measurement, warm-up included")
-    p.add_argument("--warmup", type=int, default=10, help="iterations excluded from the timing")
-    p.add_argument("--loader-workers", type=int, default=0)
-    p.add_argument("--amp", choices=["none", "bf16"], default="none")
-    p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--repeats", type=int, default=3, help="alternating engine/hand measurements of each")
-    p.add_argument("--min-ratio", type=float, default=0.97)
-    args = p.parse_args(argv)
-    if args.steps <= args.warmup:
-        p.error("--steps must exceed --warmup")
+    p, own = parser(PROG, __doc__, steps=60, warmup=10)
+    # The hand-written loop has no loss scaler, so fp16 would not be the same training.
+    own.add_argument("--amp", choices=["none", "bf16"], default="none", help="mixed precision autocast, in both")
+    own.add_argument("--repeats", type=int, default=3, help="alternating engine/hand measurements of each")
+    own.add_argument("--min-ratio", type=float, default=0.97)
+    args = parse(p, argv)
 
     engine, hand = [], []
     for _ in range(args.repeats):  # alternate, so drift in machine load hits both alike

@@ -1,7 +1,7 @@
 """Turn the thesis's result tables 1-15 into the CSV files under src/guide_utils/results/source_data/.
 
-Run once by hand against the thesis text (shared/seeds/001_*.txt); the CSVs are committed,
-so nothing else depends on the seed file being present. Tables are numbered as the thesis's
+Run once by hand; its one argument is the path of the thesis's plain-text version, which is
+not part of this repository. The CSVs are committed, so nothing else needs that file. Tables are numbered as the thesis's
 captions number them (Table 10 is experiment 4); its list of tables, and its text from
 experiment 4 on, number the quality tables one higher. Each table in the text is a caption
 line "Table N. ...", a tab-separated header, and tab-separated rows up to the next blank line.
@@ -9,7 +9,7 @@ Columns are renamed to the guide's vocabulary; "16 (4 * 4)" becomes gpus=16, nod
 "73.286% / 91.558%" becomes top1_acc=73.286, top5_acc=91.558; "0 days 6 hours 34 min" becomes
 wall_hours.
 
-    python scripts/extract_source_tables.py ../shared/seeds/001_e4cc0acb46d707f1.txt
+    python scripts/extract_source_tables.py THESIS.txt
 """
 
 from __future__ import annotations
@@ -93,4 +93,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python scripts/extract_source_tables.py THESIS.txt (the thesis as plain text)")
     main(sys.argv[1])

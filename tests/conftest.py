@@ -32,6 +32,21 @@ signal.signal(signal.SIGTERM, _interrupted)
 BOOK_TIMEOUT = 1150  # seconds left to wait for the book when its readers start (under pytest-timeout)
 
 
+BIN = Path(sys.executable).parent  # the venv's commands (horovodrun, torchrun, mpirun wrappers)
+# Open MPI refuses to start as root unless told twice (CI containers run as root).
+MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts: this one's, unbuffered output (a killed
+    child's last lines still arrive), one thread, the venv's commands first on the PATH, the
+    dataset cache shared with the session; then ``extra``."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("GUIDE_DATA_CACHE", str(Path.home() / ".cache" / "guide_utils"))
+    return env
+
+
 def make_image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog"), per_class: int = 3) -> Path:
     """A tiny ImageFolder tree (root/split/class/i.png) of 40x40 RGB images."""
     from PIL import Image

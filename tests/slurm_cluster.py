@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from guide_utils.runtime.ports import free_ports
+
 NODES = ("guide-n1", "guide-n2")
 # More CPUs than the machine has (slurmd is told to believe the config): the test jobs
 # mostly wait, and several at once keep the two real cores busy.
@@ -64,18 +66,6 @@ def ensure_installed() -> None:
         if out.returncode != 0:
             tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
             raise SlurmUnavailable(f"Slurm and munge are missing and `{' '.join(cmd)}` failed: {tail}")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _tcp_listeners() -> dict[int, tuple[str, int]]:
@@ -175,7 +165,7 @@ class SlurmCluster:
                      f"--pid-file={r / 'munged.pid'}", f"--log-file={r / 'log/munged.log'}",
                      f"--seed-file={r / 'munged.seed'}"], "munged")
         self._wait_for(sock.exists, 20, "munged did not create its socket")
-        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        ctld_port, *node_ports = free_ports(1 + len(NODES))
         host = socket.gethostname().split(".")[0]
         nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} "
                           f"RealMemory=4000 State=UNKNOWN" for n, p in zip(NODES, node_ports))

@@ -13,17 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BIN, MPI_AS_ROOT, child_env
+
 PY = sys.executable
-BIN = Path(PY).parent
 TRAIN = [PY, "-m", "guide_utils.train", "--profile", "smoke", "--no-progress"]
 TIMEOUT = 240
-
-
-def _env(**extra) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("GUIDE_DATA_CACHE", str(Path.home() / ".cache" / "guide_utils"))
-    return env
 
 
 def _records(results: Path) -> list[dict]:
@@ -125,7 +119,7 @@ def test_gradual_warmup_starts_at_the_warmup_start_batch_rate(tmp_path):
 
 
 def _run(cmd, cwd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=cwd, **kw)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=child_env(), cwd=cwd, **kw)
 
 
 @pytest.mark.slow
@@ -152,7 +146,8 @@ def test_preempted_then_resumed_equals_unbroken(tmp_path):
     assert unbroken.returncode == 0, unbroken.stderr
 
     cmd = [*args, "--results-dir", "b", "--checkpoint-dir", "ckpt"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=tmp_path)
     deadline = time.time() + TIMEOUT
     while time.time() < deadline and not list((tmp_path / "ckpt").glob("checkpoint-epoch0001.pt")):
         time.sleep(0.05)
@@ -187,10 +182,6 @@ def _launch(name: str, n: int, args: list[str]) -> list[str]:
     return [*LAUNCHERS[name](n), *TRAIN, "--dist", dist, *args]
 
 
-def _root_env():
-    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
-
-
 # Each launcher also trains with one of the large-batch optimizers: Horovod's
 # DistributedOptimizer re-creates the optimizer's class around its own, so LARS and LAMB
 # must both survive it; DDP only hooks the gradients. (SGD runs under every launcher in
@@ -204,7 +195,8 @@ OPTIMIZER_FOR = {"horovod-gloo": "lamb", "horovod-mpi": "lars", "ddp-torchrun": 
 def test_two_workers_end_with_identical_weights(tmp_path, launcher):
     optimizer = OPTIMIZER_FOR[launcher]
     cmd = _launch(launcher, 2, ["--epochs", "2", "--results-dir", "r", "--optimizer", optimizer])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(**_root_env()), cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=child_env(**MPI_AS_ROOT),
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = _records(tmp_path / "r")
     assert records[0]["config"]["workers"] == 2 and records[0]["config"]["global_batch"] == 64
@@ -241,7 +233,7 @@ def _worker_pids(launcher_pid: int) -> dict[int, int]:
 def test_a_killed_worker_ends_the_job_within_120_s(tmp_path, launcher):
     cmd = _launch(launcher, 2, ["--epochs", "50", "--results-dir", "r"])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env(**_root_env()), cwd=tmp_path, start_new_session=True)
+                            env=child_env(**MPI_AS_ROOT), cwd=tmp_path, start_new_session=True)
     try:
         deadline = time.time() + TIMEOUT
         while time.time() < deadline and not any("epoch" in r["type"] for r in _maybe_records(tmp_path / "r")):
@@ -280,7 +272,7 @@ def test_ddp_started_the_srun_way_finds_its_rendezvous_from_slurm(tmp_path):
     procs = []
     for rank in (0, 1):
         # What srun sets in each task (measured on the test Slurm): the step's id and size too.
-        env = _env(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_NTASKS="2",
+        env = child_env(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_NTASKS="2",
                    SLURM_TASKS_PER_NODE="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NODEID="0",
                    SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost")
         for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -319,7 +311,8 @@ def test_a_warning_during_start_up_still_ends_in_a_checkpoint(tmp_path):
     """Slurm's USR1 can arrive while Python is still importing torch: the run must not die
     of it (Python's default) but stop at its first step with a checkpoint and exit 75."""
     cmd = [*TRAIN, "--epochs", "2", "--results-dir", "r", "--checkpoint-dir", "ckpt"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=tmp_path)
     time.sleep(0.5)  # inside the interpreter, long before the engine's own handler exists
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=TIMEOUT)

@@ -181,6 +181,20 @@ def test_launch_runs_a_two_worker_smoke_run(tmp_path, dist):
     assert run.epochs["images_per_second"].iloc[-1] > 0
 
 
+def test_an_experiment_run_is_a_point_of_the_experiments_study():
+    """``run`` trains an experiment's runs as the experiments' Study: each run is a point that
+    names its record and labels it with the experiment and its index."""
+    from guide_utils.studies.experiments import STUDY, ExperimentRun
+
+    [(i, run, _)] = plan("exp9", "smoke", 1)
+    point = ExperimentRun("exp9", i, run, "smoke")
+    cfg = point.config(epochs=1)
+    assert point.key() == {"experiment": "exp9", "index": 1} and cfg.epochs == 1
+    assert cfg.run_name == "exp9-smoke-run1" and point.config(run_name="mine").run_name == "mine"
+    assert cfg.extra == {"experiment": "exp9", "run_index": 1, "label": run.label}
+    assert set(STUDY.key) <= set(STUDY.columns) and STUDY.threads == ()
+
+
 def test_emulated_gradual_warmup_starts_at_one_thesis_gpus_rate():
     """One process standing in for k workers must not start its warmup at its own (k-fold) rate:
     that would make gradual warmup a no-op. It starts where one of the k workers would."""

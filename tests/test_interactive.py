@@ -27,6 +27,7 @@ import slurm_cluster
 from guide_utils.cluster import interactive, sites, watchdog
 from guide_utils.core.config import make_config
 from guide_utils.core.errors import GuideError
+from guide_utils.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -117,7 +118,7 @@ def test_the_controller_watch_cancels_its_job_when_the_controller_is_gone(tmp_pa
     fake.mkdir()
     (fake / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'cancelled'}\n")
     (fake / "scancel").chmod(0o755)
-    port = interactive._free_port("127.0.0.1")  # nothing listens there
+    port = free_port()  # nothing listens there
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "guide_utils.cluster.watchdog", "controller", "127.0.0.1", str(port),

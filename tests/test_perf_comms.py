@@ -4,30 +4,22 @@ the nccl-tests definitions of algbw and busbw, the gradient-list knobs, and one-
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import BIN, child_env
 from guide_utils.perf import comms
 
 PY = sys.executable
-BIN = Path(PY).parent
 SIZES = [4, 16, 64, 256, 1024, 4096, 16384, 65536]
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
 def _comms(*args: str, cmd: list[str] | None = None, timeout: float = 300):
     return subprocess.run([*(cmd or [PY, "-m", "guide_utils"]), "comms", *args], capture_output=True, text=True,
-                          env=_env(), timeout=timeout)
+                          env=child_env(), timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -12,18 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BIN, child_env
 from guide_utils.studies import pitfalls
 
 PY = sys.executable
-BIN = Path(PY).parent
 TRAIN = ["-m", "guide_utils.train", "--profile", "smoke", "--epochs", "1", "--no-progress"]
 DISAGREE = "the ranks planned different numbers of steps per epoch (rank 0: 25, rank 1: 30)"
-
-
-def _env(**extra) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env
 
 
 def test_without_set_epoch_every_epoch_repeats_the_same_order():
@@ -68,7 +62,7 @@ def test_the_engine_refuses_ranks_that_disagree_on_steps_under_horovod(tmp_path)
     cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "sh", "-c",
            f"exec {train} --mnist1d-samples $((2000 + 400 * HOROVOD_RANK))"]
     start = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=child_env())
     assert proc.returncode != 0
     assert DISAGREE in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     assert time.time() - start < 240
@@ -96,7 +90,7 @@ def _horovod_without_pytorch(tmp_path: Path) -> Path:
 def test_a_horovod_built_without_pytorch_is_named_by_the_doctor_not_by_check_build(tmp_path):
     if shutil.which("horovodrun", path=str(BIN)) is None:
         pytest.skip("Horovod is not installed here: run scripts/setup.sh")
-    env = _env(PYTHONPATH=f"{_horovod_without_pytorch(tmp_path)}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = child_env(PYTHONPATH=f"{_horovod_without_pytorch(tmp_path)}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     # Horovod 0.28.1's PyTorch binding imports without its extension (it prints a warning),
     # and --check-build only tries the import: it still ticks PyTorch.
     check = subprocess.run([str(BIN / "horovodrun"), "--check-build"], capture_output=True, text=True, timeout=240,

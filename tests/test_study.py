@@ -1,5 +1,6 @@
-"""The machinery every study shares (studies.study) and the reader's reproduction check
-(studies.verify), on small tables whose answers are known."""
+"""The machinery every study shares (studies.study, its CSV in studies.study_csv, its workers
+in studies.workers) and the reader's reproduction check (studies.verify), on small tables
+whose answers are known."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 from guide_utils.core.errors import GuideError
-from guide_utils.studies import study, sweep, verify
+from guide_utils.studies import experiments, large_batch, study, study_csv, sweep, verify, workers
 
 
 def _runs(values: dict) -> pd.DataFrame:
@@ -40,32 +41,69 @@ def test_a_band_widens_the_recorded_range_by_the_spread():
 
 
 def test_threads_and_jobs_are_checked():
-    assert study.check_threads([1, 2], 1) == [1, 2]
+    assert workers.check_threads([1, 2], 1) == [1, 2]
     with pytest.raises(GuideError, match="--threads"):
-        study.check_threads([0], 1)
+        workers.check_threads([0], 1)
     with pytest.raises(GuideError, match="--jobs must be 1 to"):
-        study.check_threads([1], (os.cpu_count() or 1) + 1)
+        workers.check_threads([1], (os.cpu_count() or 1) + 1)
 
 
 def test_a_sink_never_overwrites_and_resumes_only_what_is_missing(tmp_path):
     out = tmp_path / "s.csv"
-    sink = study.Sink(out, ["k", "seed", "threads", "err"], "my study", key=["k", "seed", "threads"])
+    sink = study_csv.Sink(out, ["k", "seed", "threads", "err"], "my study", key=["k", "seed", "threads"])
     sink.write({"k": 32, "seed": 0, "threads": 1, "err": 1.5})
     with pytest.raises(GuideError, match="already exists.*--resume"):
-        study.Sink(out, ["k", "seed", "threads", "err"], "my study", key=["k", "seed", "threads"])
-    again = study.Sink(out, ["k", "seed", "threads", "err"], "other", key=["k", "seed", "threads"], resume=True)
+        study_csv.Sink(out, ["k", "seed", "threads", "err"], "my study", key=["k", "seed", "threads"])
+    again = study_csv.Sink(out, ["k", "seed", "threads", "err"], "other", key=["k", "seed", "threads"], resume=True)
     assert again.done == {("32", "0", "1")} and again.key({"k": 32, "seed": 0, "threads": 1}) in again.done
     assert out.read_text().splitlines()[0] == "# my study"  # the first line stays the recording's
     with pytest.raises(GuideError, match="other columns"):
-        study.Sink(out, ["k", "err"], "x", key=["k"], resume=True)
+        study_csv.Sink(out, ["k", "err"], "x", key=["k"], resume=True)
 
 
 def test_the_provenance_line_names_machine_isa_threads_commit_and_versions(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    line = study.provenance("a study", "python -m guide_utils x run", threads=[1, 2], jobs=2)
+    line = study_csv.provenance("a study", "python -m guide_utils x run", threads=[1, 2], jobs=2)
     for needle in ("a study (python -m guide_utils x run); measured 20", "cores", "1 and 2 thread(s) per run",
                    "up to 2 core(s) busy", "commit ", "torch ", "numpy ", "capped: ONEDNN_MAX_CPU_ISA=AVX2"):
         assert needle in line
+
+
+def test_the_sweep_the_large_batch_study_and_the_experiments_are_studies():
+    for module in (sweep, large_batch, experiments):
+        declared = module.STUDY
+        assert isinstance(declared, study.Study) and set(declared.key) <= set(declared.columns)
+    assert sweep.STUDY.threads == large_batch.STUDY.threads == (1, 2) and "threads" in sweep.STUDY.key
+    assert experiments.STUDY.threads == ()  # its runs train where their launcher started them
+
+
+TINY = dict(mnist1d_samples=2000, epochs=2, milestones=(1,))
+
+
+def test_a_study_is_a_page_of_declarations(tmp_path):
+    """A new study declares its columns, key, row and summary; ``run`` trains its points (here
+    in this process: no thread counts) and ``report`` is the study's summary."""
+    mini = study.Study("mini", "a mini study", "python -m x run", ("k", "method", "seed", "best_val_top1_err"),
+                       ("k", "method", "seed"), sweep.row, summary=lambda t: f"{len(t)} run(s)")
+    table = mini.run([sweep.Point(1, "baseline", 0), sweep.Point(2, "naive", 0)], progress=False,
+                     overrides=dict(results_dir=str(tmp_path), **TINY))
+    assert list(table.columns) == ["k", "method", "seed", "best_val_top1_err"] and sorted(table["k"]) == [1, 2]
+    assert mini.report(table) == "2 run(s)" and len(list(tmp_path.glob("*.jsonl"))) == 2
+    with pytest.raises(ValueError, match="no thread counts"):
+        mini.open(tmp_path / "mini.csv")
+
+
+def test_a_session_trains_only_what_its_csv_lacks(tmp_path):
+    out = tmp_path / "s.csv"
+    with sweep.STUDY.open(out, threads=[1], progress=False) as session:
+        session.sink.write({"k": 1, "method": "baseline", "seed": 0, "threads": 1, "global_batch": 32,
+                            "peak_lr": 0.05, "best_val_top1_err": 1.0, "final_val_top1_err": 1.1, "seconds": 9.0})
+    pts = sweep.points([4], [0], ["naive"])
+    again = sweep.STUDY.open(out, threads=[1, 2], resume=True, progress=False)
+    assert again.missing(pts, 1) == [sweep.Point(4, "naive", 0)] and again.missing(pts, 2) == pts
+    source = sweep.load(out).attrs["source"]  # the one provenance line, written once
+    assert source.startswith("MNIST-1D quality sweep (python -m guide_utils sweep run); measured 20")
+    assert "1 thread(s) per run" in source and out.read_text().count("# ") == 1
 
 
 def test_claims_are_the_orders_the_record_shows_firmly():

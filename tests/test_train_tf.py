@@ -4,30 +4,22 @@ schedule, resume, the benchmark, the version guard and bad input."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import BIN, MPI_AS_ROOT, child_env
 from guide_utils.core.errors import GuideError
 from guide_utils.core.schedules import lr_at
 from guide_utils.tensorflow.runtime import check_versions
 
 PY = sys.executable
-BIN = Path(PY).parent
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_TF = [PY, "-m", "guide_utils.train_tf", "--profile", "smoke"]
 TIMEOUT = 300
-
-
-def _env(**extra) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **extra)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return env
+TF_QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", **MPI_AS_ROOT}  # TensorFlow's C++ start-up chatter off
 
 
 def _lines(results: Path) -> list[dict]:
@@ -86,7 +78,7 @@ def test_two_horovod_workers_end_with_identical_weights(tmp_path, launcher):
     start = {"horovodrun-gloo": [str(BIN / "horovodrun"), "-np", "2", "--gloo"],
              "mpirun": ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]}[launcher]
     cmd = [*start, *TRAIN_TF, "--dist", "horovod", "--epochs", "2", "--warmup", "gradual", "--results-dir", "r"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=child_env(**TF_QUIET), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = _lines(tmp_path / "r")
     config, summary = lines[0]["config"], lines[-1]
@@ -103,10 +95,10 @@ def test_two_horovod_workers_end_with_identical_weights(tmp_path, launcher):
 @pytest.mark.slow
 def test_a_rerun_resumes_from_the_checkpoint(tmp_path):
     first = subprocess.run([*TRAIN_TF, "--epochs", "2", "--results-dir", "r", "--checkpoint-dir", "ck"],
-                           capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=tmp_path)
+                           capture_output=True, text=True, timeout=TIMEOUT, env=child_env(**TF_QUIET), cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     second = subprocess.run([*TRAIN_TF, "--epochs", "3", "--results-dir", "r", "--checkpoint-dir", "ck"],
-                            capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=tmp_path)
+                            capture_output=True, text=True, timeout=TIMEOUT, env=child_env(**TF_QUIET), cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resuming at epoch 2" in second.stdout
     lines = _lines(tmp_path / "r")  # one record, continued
@@ -124,7 +116,7 @@ def test_a_rerun_resumes_from_the_checkpoint(tmp_path):
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     proc = subprocess.run([*TRAIN_TF, *args, "--results-dir", "r"], capture_output=True, text=True,
-                          timeout=TIMEOUT, env=_env(), cwd=tmp_path)
+                          timeout=TIMEOUT, env=child_env(**TF_QUIET), cwd=tmp_path)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and message in errors[0], proc.stderr

@@ -27,19 +27,23 @@ import sys
 
 from .core.errors import EXIT_USAGE
 
-COMMANDS = {
+COMMANDS = {  # name: (module, function), grouped as --help lists them
+    # training
     "train": ("guide_utils.train", "main"),
     "train-tf": ("guide_utils.train_tf", "main"),
+    # studies
     "experiments": ("guide_utils.studies.experiments", "main"),
     "sweep": ("guide_utils.studies.sweep", "main"),
     "large-batch": ("guide_utils.studies.large_batch", "main"),
     "verify": ("guide_utils.studies.verify", "main"),
+    # on the cluster
     "doctor": ("guide_utils.cluster.doctor", "main"),
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
     "rendezvous": ("guide_utils.runtime.slurm", "rendezvous_main"),
+    "pack-dataset": ("guide_utils.cluster.pack", "main"),
+    # performance
     "comms": ("guide_utils.perf.comms", "main"),
     "plan": ("guide_utils.perf.planner", "main"),
-    "pack-dataset": ("guide_utils.cluster.pack", "main"),
 }
 
 

@@ -15,9 +15,18 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-DEFINITION = REPO / "containers" / "guide.def"
-PROFILE = REPO / "slurm_examples" / "sites" / "apptainer-example.sh"
+from ..core.paths import repo_path, repo_root
+
+# The repository's files, found when first used (a wheel install has no repository:
+# importing this module must still work). REPO, DEFINITION and PROFILE read as constants.
+_FILES = {"REPO": repo_root, "DEFINITION": lambda: repo_path("containers", "guide.def"),
+          "PROFILE": lambda: repo_path("slurm_examples", "sites", "apptainer-example.sh")}
+
+
+def __getattr__(name: str) -> Path:
+    if name in _FILES:
+        return _FILES[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sections(text: str) -> dict[str, list[str]]:
@@ -39,9 +48,11 @@ def runtime() -> str | None:
     return shutil.which("apptainer") or shutil.which("singularity")
 
 
-def exec_prefix(profile: Path = PROFILE, *, local_scratch: str = "/local/scratch") -> list[str]:
+def exec_prefix(profile: Path | None = None, *, local_scratch: str = "/local/scratch") -> list[str]:
     """What a job with ``profile`` puts before every command that needs the guide's stack:
-    ``apptainer exec FLAGS IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set)."""
+    ``apptainer exec FLAGS IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set);
+    ``profile`` defaults to the repository's ``apptainer-example.sh``."""
+    profile = profile or _FILES["PROFILE"]()
     code = (f"source {profile}; printf '%s\\n' \"$GUIDE_CONTAINER\" "
             "\"${GUIDE_APPTAINER_FLAGS[@]}\"")
     out = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=30, check=True,

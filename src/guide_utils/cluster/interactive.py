@@ -31,40 +31,44 @@ job. A kernel killed outright is covered by two watchdogs (``cluster.watchdog``)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib.util
-import json
 import logging
 import os
-import re
 import secrets
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..core.config import TrainConfig
 from ..core.errors import GuideError
+from ..runtime.ports import LOOPBACK, free_port
 from . import watchdog
+
+# The cluster and its public face. Its parts live in a module per job: the checks and what
+# the engines start with (interactive_launch), clean-up (interactive_cleanup), following rank
+# 0 (interactive_follow), what runs on the engines (interactive_remote) and the notebook's
+# helpers (interactive_notebook).
+from .interactive_cleanup import Resources, cleanup, job_state
+from .interactive_follow import EPOCH_LINE, RECORD, Follower, in_notebook
+from .interactive_launch import (controller_address, controller_endpoint, engine_environment, mpiexec_args,
+                                 require_ipyparallel, require_mpi)
+from .interactive_notebook import one_line_errors, print_plan
+from .interactive_remote import run_on_engine, whoami
+
+__all__ = ["DEFAULT_TIMEOUT", "ENGINE_KINDS", "EPOCH_LINE", "HEARTBEAT_MISSES", "LOOPBACK", "RECORD", "EngineCluster",
+           "InteractiveResult", "controller_address", "job_state", "one_line_errors", "print_plan",
+           "require_ipyparallel"]
 
 ENGINE_KINDS = ("mpi", "slurm")
 # Seconds to wait for the engines to register: ipyparallel's default is 60; its own Slurm
 # tests raise it to 120 (a queue, a node's first import of torch from a shared filesystem).
 DEFAULT_TIMEOUT = {"mpi": 60.0, "slurm": 120.0}
-LOOPBACK = "127.0.0.1"
 # Engines shut themselves down after this many missed controller heartbeats (3 s apart);
 # ipyparallel's default of 50 would keep orphaned engines for minutes.
 HEARTBEAT_MISSES = 10
-EPOCH_LINE = re.compile(r"^\[train\] epoch (\d+)/(\d+)")
-RECORD = re.compile(r"; record (\S+\.jsonl)$")
 
 
 @dataclass
@@ -93,88 +97,6 @@ class InteractiveResult:
         return read_run(self.record_path)
 
 
-def require_ipyparallel():
-    """ipyparallel, or one line saying how to get it."""
-    try:
-        import ipyparallel
-    except ImportError:
-        raise GuideError(f"ipyparallel is not installed in this kernel's environment ({sys.executable}); install "
-                         "the guide's pins: pip install -r requirements.txt (ipyparallel==9.2.0, mpi4py)") from None
-    return ipyparallel
-
-
-def _require_mpi(n: int) -> None:
-    if importlib.util.find_spec("mpi4py") is None:
-        raise GuideError(f"mpi4py is not installed in this kernel's environment ({sys.executable}); MPI engines need "
-                         "it: pip install -r requirements.txt (mpi4py, built against your MPI)")
-    if not shutil.which("mpiexec"):
-        raise GuideError("mpiexec not found: load your MPI (module load ...) or apt-get install openmpi-bin; "
-                         "or use engines='slurm'")
-    from ..runtime.slurm import SlurmJob
-
-    job = SlurmJob.from_env()
-    if job is not None and n > job.ntasks:
-        raise GuideError(f"{n} engines asked for, but this Slurm job ({job.job_id}) has {job.ntasks} task(s); "
-                         f"ask for at most {job.ntasks}, or start the session with more tasks")
-
-
-def controller_address(ip: str | None) -> str:
-    """Where the controller listens: ``ip``, else $GUIDE_CONTROLLER_IP, else loopback."""
-    return ip or os.environ.get("GUIDE_CONTROLLER_IP") or LOOPBACK
-
-
-@dataclass
-class _Resources:
-    """What a running cluster holds; the finalizer gets this, never the EngineCluster."""
-
-    cluster_id: str
-    profile_dir: str
-    state_file: Path
-    cluster: Any = None
-    client: Any = None
-    jobs: list[str] = field(default_factory=list)
-    reaper: Any = None
-
-    def save(self) -> None:
-        self.state_file.write_text(json.dumps({"cluster_id": self.cluster_id, "jobs": self.jobs,
-                                               "profile_dir": self.profile_dir}))
-
-
-def _cleanup(res: _Resources) -> None:
-    """Stop everything ``res`` holds; safe to call twice, at exit, or after a failed start."""
-    if res.client is not None:
-        try:
-            res.client.close()
-        except Exception:  # noqa: BLE001 - clean-up goes on whatever happened
-            pass
-        res.client = None
-    if res.cluster is not None:
-        try:
-            res.cluster.stop_cluster_sync()
-        except Exception:  # noqa: BLE001
-            pass
-        res.cluster = None
-    watchdog.reap({"cluster_id": res.cluster_id, "jobs": res.jobs})
-    _wait_jobs_gone(res.jobs)
-    res.state_file.unlink(missing_ok=True)  # the reaper sees it gone and exits
-    shutil.rmtree(res.profile_dir, ignore_errors=True)
-
-
-def job_state(job_id: str) -> str | None:
-    """The Slurm job's state as squeue shows it, or None once it has left the queue."""
-    out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=60)
-    state = out.stdout.strip()
-    return None if out.returncode != 0 or state in ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT") else state
-
-
-def _wait_jobs_gone(jobs: list[str], timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while jobs and shutil.which("squeue") and time.monotonic() < end:
-        if all(job_state(j) is None for j in jobs):
-            return
-        time.sleep(0.5)
-
-
 class EngineCluster:
     """An ipyparallel controller and ``n`` engines that train with the guide's engine; see the module doc.
 
@@ -201,7 +123,7 @@ class EngineCluster:
         self.site = None
         self.job_id: str | None = None
         self.log_path: Path | None = None
-        self._res: _Resources | None = None
+        self._res: Resources | None = None
         self._finalizer = None
         self._ranks: list[int] = []  # engine ids in MPI rank order
         self._hosts: list[str] = []
@@ -235,7 +157,7 @@ class EngineCluster:
         if self.running:
             return self
         if self.engines == "mpi":
-            _require_mpi(self.n)
+            require_mpi(self.n)
         else:
             from . import sites
 
@@ -244,9 +166,9 @@ class EngineCluster:
         cid = f"guide-{int(time.time())}-{secrets.token_hex(3)}"
         base = self._log_dir() if self.engines == "slurm" else None  # the engines' nodes must see it
         profile_dir = tempfile.mkdtemp(prefix=f"ipp-{cid}-", dir=base)
-        res = self._res = _Resources(cid, profile_dir, Path(profile_dir) / "guide-cluster.json")
+        res = self._res = Resources(cid, profile_dir, Path(profile_dir) / "guide-cluster.json")
         res.save()
-        self._finalizer = weakref.finalize(self, _cleanup, res)
+        self._finalizer = weakref.finalize(self, cleanup, res)
         res.reaper = watchdog.start_reaper(res.state_file)
         try:
             self._launch(ipp, res)
@@ -269,18 +191,18 @@ class EngineCluster:
         d.mkdir(parents=True, exist_ok=True)
         return d.resolve()
 
-    def _launch(self, ipp, res: _Resources) -> None:
+    def _launch(self, ipp, res: Resources) -> None:
         cluster = res.cluster = ipp.Cluster(
             engines=self.engines, cluster_id=res.cluster_id, profile_dir=res.profile_dir,
             controller_ip=self.controller_ip, controller_location=self.location or "", engine_timeout=int(self.timeout),
             delay=0, load_profile=False, log_level=logging.ERROR)
         cluster.start_controller_sync()
-        endpoint = _controller_endpoint(res.profile_dir, res.cluster_id)
-        env = _engine_environment(self.engines, self.n)
+        endpoint = controller_endpoint(res.profile_dir, res.cluster_id)
+        env = engine_environment(self.engines, self.n)
         beats = [f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}"]
         if self.engines == "mpi":
             cluster.start_engines_sync(self.n, environment=env, engine_args=beats,
-                                       mpi_args=self.mpi_args if self.mpi_args is not None else _mpi_args())
+                                       mpi_args=self.mpi_args if self.mpi_args is not None else mpiexec_args())
         else:
             from .sites import engines_batch_script
 
@@ -297,7 +219,7 @@ class EngineCluster:
             res.save()
         res.client = cluster.connect_client_sync()
 
-    def _wait_for_engines(self, res: _Resources) -> None:
+    def _wait_for_engines(self, res: Resources) -> None:
         end = time.monotonic() + self.timeout
         checked = 0.0
         while len(res.client.ids) < self.n:
@@ -310,13 +232,13 @@ class EngineCluster:
                     raise self._not_up(res, ended)
             time.sleep(0.25)
 
-    def _engines_ended(self, res: _Resources) -> str | None:
+    def _engines_ended(self, res: Resources) -> str | None:
         if self.engines == "mpi":
             es = res.cluster.engine_set
             return f"ended (mpiexec exited: {es.stop_data})" if es is not None and es.state == "after" else None
         return None if job_state(self.job_id) else "ended: the job left the queue"
 
-    def _not_up(self, res: _Resources, reason: str) -> GuideError:
+    def _not_up(self, res: Resources, reason: str) -> GuideError:
         """Print the tail of the engines' log; the one-line error that names job, log and likely cause."""
         up = len(res.client.ids)
         if self.engines == "mpi":
@@ -338,9 +260,9 @@ class EngineCluster:
         return GuideError(f"{up} of the {self.n} {where} {reason}; see {log} (above), the controller address "
                           f"{self.controller_ip}{hint}, and raise timeout= if the queue is slow")
 
-    def _identify(self, res: _Resources) -> None:
+    def _identify(self, res: Resources) -> None:
         ids = sorted(res.client.ids)[: self.n]
-        info = res.client[ids].apply_sync(_whoami)
+        info = res.client[ids].apply_sync(whoami)
         ranks = sorted(zip(ids, info, strict=True), key=lambda pair: pair[1][0])
         sizes = {size for _, (_, size, _) in ranks}
         if sizes != {self.n}:
@@ -368,9 +290,9 @@ class EngineCluster:
         rendezvous = None
         if cfg.dist == "ddp":  # rank 0's host, as torchrun's --standalone / the Slurm path choose
             host = LOOPBACK if self.engines == "mpi" and len(set(self._hosts)) == 1 else self._hosts[0]
-            rendezvous = (host, client[self._ranks[0]].apply_sync(_free_port, host))
-        ar = client[self._ranks].apply_async(_run_on_engine, cfg, rendezvous)
-        follower = _Follower(cfg, self.n, _in_notebook() if live is None else live, progress)
+            rendezvous = (host, client[self._ranks[0]].apply_sync(free_port, host))
+        ar = client[self._ranks].apply_async(run_on_engine, cfg, rendezvous)
+        follower = Follower(cfg, self.n, in_notebook() if live is None else live, progress)
         try:
             end = None if timeout is None else time.monotonic() + timeout
             while not ar.ready():
@@ -402,219 +324,3 @@ def _results(ar) -> list:
                 raise GuideError(f"on the engines: {evalue}") from None
         raise
 
-
-class _Follower:
-    """Rank 0's output as it arrives: its [train] lines, a progress bar over the epochs, and
-    (``live``, in a notebook) a figure of its run record redrawn after every epoch. In a
-    notebook the bar is one display updated in place (a text bar would add a line per
-    refresh); elsewhere it is tqdm's."""
-
-    def __init__(self, cfg: TrainConfig, n: int, live: bool, progress: bool):
-        from tqdm import tqdm
-
-        self.seen, self.record, self.done, self.total = 0, None, 0, cfg.epochs
-        self.desc, self.start, self.meter, self.bar = f"{cfg.dist} on {n} engines", time.monotonic(), None, None
-        if progress and live:
-            from IPython.display import display
-
-            self.meter = display({"text/plain": self._meter_text()}, raw=True, display_id=True)
-        elif progress:
-            self.bar = tqdm(total=cfg.epochs, desc=self.desc, unit="epoch", file=sys.stdout, ncols=80, mininterval=0)
-        self.plot = _LivePlot(f"{cfg.model} on {cfg.data}, {cfg.dist} x {n} (live)") if live else None
-
-    def _meter_text(self) -> str:
-        from tqdm import tqdm
-
-        return tqdm.format_meter(self.done, self.total, time.monotonic() - self.start, ncols=80, prefix=self.desc,
-                                 unit="epoch")
-
-    def feed(self, text: str) -> None:
-        cut = text.rfind("\n") + 1
-        for line in text[self.seen:cut].splitlines():
-            if not line.startswith("[train]"):
-                continue  # only the engine's own compact lines: Jupyter limits output rates
-            # The record by its name (its folder is the notebook's results directory), wrapped
-            # to the width of a notebook's (and the book's) output column.
-            record = RECORD.search(line)
-            brief = line.replace(record.group(1), Path(record.group(1)).name) if record else line
-            shown = "\n".join(textwrap.wrap(brief, 96, subsequent_indent="    ", break_long_words=False,
-                                             break_on_hyphens=False)) or brief
-            self.bar.write(shown, file=sys.stdout) if self.bar else print(shown, flush=True)
-            if match := RECORD.search(line):
-                self.record = match.group(1)
-            if match := EPOCH_LINE.match(line):
-                self._advance(int(match.group(1)))
-        self.seen = max(self.seen, cut)
-
-    def _advance(self, epoch: int) -> None:
-        if self.bar:
-            self.bar.update(epoch - self.bar.n)
-        self.done = epoch
-        if self.meter:
-            self.meter.update({"text/plain": self._meter_text()}, raw=True)
-        if self.plot and self.record:
-            self.plot.update(self.record)
-
-    def close(self) -> None:
-        if self.bar:
-            self.bar.close()
-
-
-class _LivePlot:
-    def __init__(self, title: str):
-        import matplotlib.pyplot as plt
-        from IPython.display import display
-
-        self.fig, self.ax = plt.subplots(figsize=(6, 3.2))
-        self.title = title
-        self.handle = display(self.fig, display_id=True)
-        plt.close(self.fig)  # shown through the handle only
-
-    def update(self, record: str) -> None:
-        from ..core.records import read_run
-
-        epochs = read_run(record).epochs
-        self.ax.clear()
-        self.ax.plot(epochs["epoch"], epochs["train_top1_err"], "s--", label="training")
-        self.ax.plot(epochs["epoch"], epochs["val_top1_err"], "o-", label="validation")
-        self.ax.set(xlabel="epoch", ylabel="top-1 error (%)", title=self.title)
-        self.ax.title.set_fontsize(9)
-        self.ax.legend(fontsize=8)
-        self.handle.update(self.fig)
-
-
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
-
-
-def _controller_endpoint(profile_dir: str, cluster_id: str, timeout: float = 30) -> tuple[str, int]:
-    """(host, registration port) at which the engines reach the controller."""
-    path = Path(profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
-    end = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > end:
-            raise GuideError(f"the ipyparallel controller wrote no connection file ({path}) in {timeout:.0f} s")
-        time.sleep(0.1)
-    info = json.loads(path.read_text())
-    host = info["interface"].split("://", 1)[-1]
-    if host in ("0.0.0.0", "*"):
-        host = info.get("location") or socket.gethostname()
-    return host, int(info["registration"])
-
-
-def _engine_environment(engines: str, n: int) -> dict[str, str]:
-    """What the engines need besides the notebook's own environment: this guide_utils on
-    their path and, on this node, the batch path's settings (launch.environment). When the
-    engines have no core to spare (the kernel and the controller share the node with them),
-    OpenMPI yields while it waits instead of spinning: changes no number, and on two cores
-    halved the time of a 2-engine Horovod run."""
-    env = {"PYTHONPATH": watchdog._pythonpath(), "PYTHONUNBUFFERED": "1"}
-    if engines == "mpi":
-        from ..runtime.launch import environment
-
-        full = environment()
-        env.update({k: v for k, v in full.items() if os.environ.get(k) != v})
-        if n >= (os.cpu_count() or 1):
-            env.setdefault("OMPI_MCA_mpi_yield_when_idle", os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1"))
-    return env
-
-
-def _mpi_args() -> list[str]:
-    """OpenMPI's mpiexec: more engines than cores is allowed, and no core binding (the
-    engines' own threads decide), as launch.command('mpirun') does."""
-    out = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True, timeout=30)
-    return ["--oversubscribe", "--bind-to", "none"] if "Open MPI" in out.stdout + out.stderr else []
-
-
-# -- run on the engines (imported there by name) --------------------------------------------
-
-def _whoami() -> tuple[int, int, str]:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), socket.gethostname()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _run_on_engine(cfg: TrainConfig, rendezvous: tuple[str, int] | None):
-    """One rank of the job: the engine's MPI rank; for DDP, torchrun's variables for this run."""
-    from mpi4py import MPI
-
-    from ..engine import train
-
-    env: dict[str, str] = {}
-    if rendezvous is not None:
-        world = MPI.COMM_WORLD
-        node = world.Split_type(MPI.COMM_TYPE_SHARED)
-        env = {"RANK": str(world.Get_rank()), "WORLD_SIZE": str(world.Get_size()),
-               "LOCAL_RANK": str(node.Get_rank()), "LOCAL_WORLD_SIZE": str(node.Get_size()),
-               "MASTER_ADDR": rendezvous[0], "MASTER_PORT": str(rendezvous[1])}
-        node.Free()
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return train(cfg)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        sys.stdout.flush()
-
-
-# -- notebooks ------------------------------------------------------------------------------
-
-def one_line_errors() -> None:
-    """In a notebook, show a GuideError as one line (``error: ...``), without a traceback,
-    like the guide's commands do; every other exception keeps its traceback."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is None:
-        return
-
-    def show(shell, etype, value, tb, tb_offset=None):
-        print(f"error: {value}", file=sys.stderr)
-
-    shell.set_custom_exc((GuideError,), show)
-
-
-def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = None, profile: str = "smoke",
-               controller_ip: str | None = None, walltime: str = "01:00:00") -> None:
-    """What ``EngineCluster(n, engines=...).train(cfg)`` would do, started nowhere: the
-    engines, the controller address, the training, and the batch script Slurm engines get."""
-    from ..studies.experiments import PlannedRun, describe
-
-    settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "extra"}
-    ip = controller_address(controller_ip)
-    where = "mpiexec on this node" if engines == "mpi" else "a Slurm job from the site profile"
-    # At most 100 characters a line: what a notebook's output column (and the book's) shows.
-    print(textwrap.fill(f'interactive: EngineCluster(n={n}, engines="{engines}"): {n} ipyparallel engines '
-                        f"({where}), controller on {ip}", 100, subsequent_indent="    "))
-    print(textwrap.fill(f"{describe(PlannedRun('interactive', n, settings), profile)}; --dist {cfg.dist}", 100,
-                        initial_indent="    ", subsequent_indent="        "))
-    if engines == "slurm" or site:
-        from .sites import engines_batch_script, guide_root, read_site
-
-        s = read_site(site)
-        script = engines_batch_script(s, n, walltime=walltime, log="logs/ipengine-<cluster>-%j.out",
-                                      controller=("<host>", "<port>"))  # type: ignore[arg-type]
-        script = script.format(cluster_id="<cluster>", program_and_args="python -m ipyparallel.engine --mpi ...")
-        shown = Path(s.file).resolve()
-        with contextlib.suppress(ValueError):  # a profile of the repository: its path in it
-            shown = shown.relative_to(guide_root().resolve())
-        print(f"    the engines' batch script (site {s.name}, {shown}; <repo>: this repository):")
-        script = script.replace(str(guide_root().resolve()), "<repo>")
-        print("\n".join("  | " + line for line in script.splitlines()))

@@ -21,9 +21,9 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..core.errors import GuideError
+from ..core.paths import repo_root
 
 VALUES = ("GUIDE_ACCOUNT", "GUIDE_PARTITION", "GUIDE_TASKS_PER_NODE", "GUIDE_CPUS_PER_TASK", "GUIDE_GPU_REQUEST",
           "GUIDE_SOFTWARE", "GUIDE_SRUN_MPI", "GUIDE_TRAIN_PROFILE")
@@ -36,12 +36,8 @@ for x in ${GUIDE_SBATCH_EXTRA[@]+"${GUIDE_SBATCH_EXTRA[@]}"}; do printf 'GUIDE_S
 """
 
 
-def guide_root() -> Path:
-    """The repository (where ``slurm_examples/`` is): $GUIDE_ROOT, else this source tree's."""
-    root = Path(os.environ.get("GUIDE_ROOT") or Path(__file__).resolve().parents[3])
-    if not (root / "slurm_examples" / "lib" / "guide.sh").is_file():
-        raise GuideError(f"{root} has no slurm_examples/lib/guide.sh; set GUIDE_ROOT to the guide's repository")
-    return root
+# The repository (where ``slurm_examples/`` is): $GUIDE_ROOT, else this checkout.
+guide_root = repo_root
 
 
 @dataclass(frozen=True)

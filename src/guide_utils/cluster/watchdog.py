@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ..core.paths import import_root
+
 CLUSTER_VAR = "IPP_CLUSTER_ID"  # ipyparallel puts it in the environment of everything it starts
 
 
@@ -126,7 +128,7 @@ def start_reaper(state_file: Path) -> "subprocess.Popen":
 
 
 def _pythonpath() -> str:
-    here = str(Path(__file__).resolve().parents[2])  # the folder that holds guide_utils
+    here = str(import_root())  # this same copy of guide_utils, installed or not
     return os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
 
 

@@ -42,7 +42,8 @@ def small_resnet(num_classes: int, channels: int = 3) -> nn.Module:
 
 
 def mnist1d_cnn(num_classes: int, length: int = 40) -> nn.Module:
-    """Three 1-D convolutions of 32 channels with BatchNorm (shared/notes/small-scale-quality.md)."""
+    """Three 1-D convolutions of 32 channels with BatchNorm; why this size: the book's methods
+    page, "Methods: the laptop scale" (``book/methods.md``)."""
     def conv(cin, stride):
         return [nn.Conv1d(cin, 32, 5, stride, 2, bias=False), nn.BatchNorm1d(32), nn.ReLU(inplace=True)]
 

@@ -12,11 +12,10 @@ import json
 import os
 import platform
 import subprocess
-from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-RECORDED = "guide_utils.results"
+from ..core.paths import package_dir, packaged
 
 
 def provenance(**extra: Any) -> dict[str, Any]:
@@ -27,7 +26,7 @@ def provenance(**extra: Any) -> dict[str, Any]:
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+                                cwd=package_dir(), timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
     try:
@@ -55,6 +54,6 @@ def write(path: str | Path, first: dict[str, Any], rows: Iterable[dict[str, Any]
 
 def read(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(provenance, rows)`` of a recorded file shipped with the package."""
-    with (resources.files(RECORDED) / "recorded" / name).open(encoding="utf-8") as fh:
+    with packaged("results", "recorded", name).open(encoding="utf-8") as fh:
         lines = [json.loads(line) for line in fh if line.strip()]
     return lines[0], lines[1:]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -88,30 +87,15 @@ def command(setup: Setup, base_flags: list[str], results: Path) -> list[list[str
 
 def throughput(setup: Setup, base_flags: list[str], *, timeout: float = 900) -> float:
     """Run ``setup`` once; images/s of all its workers together."""
-    from ..runtime import launch
+    from ..runtime import local
 
-    env = {**launch.environment(), **dict(setup.env)}
     with tempfile.TemporaryDirectory(prefix="guide-setup-") as tmp:
         results = Path(tmp)
-        procs = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for argv in command(setup, base_flags, results)]
-        errors = []
-        try:
-            for p in procs:
-                try:
-                    _, err = p.communicate(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    _, err = p.communicate()
-                if p.returncode != 0:
-                    errors.append((err or "").strip().splitlines()[-1:] or [f"exit {p.returncode}"])
-        finally:  # interrupted: end the workers this call started
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if errors:
-            raise GuideError(f"setup {setup.name} failed: {errors[0][0]}")
+        argvs = command(setup, base_flags, results)
+        try:  # a failed or stuck worker: every process is stopped, one line with the output's tail
+            local.run(argvs if len(argvs) > 1 else argvs[0], env=dict(setup.env), timeout=timeout, show=False)
+        except GuideError as exc:
+            raise GuideError(f"setup {setup.name} failed: {exc}") from None
         return _records_rate(results)
 
 

@@ -15,9 +15,9 @@ draw these next to the reader's own run records.
 from __future__ import annotations
 
 import re
-from importlib import resources
 
 from ..core.errors import GuideError
+from ..core.paths import packaged
 
 TABLES = range(1, 16)
 # Which table holds which experiment's results, by framework (thesis sections 5.1-5.9).
@@ -28,7 +28,7 @@ QUALITY_TABLES = {4: 10, 5: 11, 6: 12, 7: 13, 8: 14, 9: 15}
 def _read(name: str):
     import pandas as pd
 
-    path = resources.files(__package__) / "source_data" / name
+    path = packaged("results", "source_data", name)
     with path.open(encoding="utf-8") as fh:
         caption = fh.readline().lstrip("# ").strip()
         table = pd.read_csv(fh)

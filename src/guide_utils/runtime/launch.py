@@ -135,19 +135,8 @@ def environment() -> dict[str, str]:
 
 def run(launcher: str, workers: int, module: str, args: list[str], *, timeout: float = 900,
         echo: str | None = "[train]") -> subprocess.CompletedProcess:
-    """Launch and wait; print rank 0's lines that start with ``echo``; one-line error on failure."""
-    argv = command(launcher, workers, module, args)
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=environment(), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise GuideError(f"{launcher} with {workers} workers did not finish in {timeout:.0f} s") from None
-    if echo:
-        for line in proc.stdout.splitlines():
-            # horovodrun prefixes "[0]<stdout>:"; rank 0 alone prints under mpirun and torchrun
-            text = line.split(">:", 1)[1] if line.startswith("[") and ">:" in line[:16] else line
-            if text.startswith(echo) and not line.startswith("[1]"):
-                print(text, flush=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
-        raise GuideError(f"{launcher} with {workers} workers exited {proc.returncode}: {tail}")
-    return proc
+    """Launch and wait; print rank 0's lines that start with ``echo``; one-line error on failure
+    (``local.run``, the guide's one way of running a command, without printing it)."""
+    from .local import run as run_here  # local builds on this module
+
+    return run_here(command(launcher, workers, module, args), timeout=timeout, echo=echo, show=False)

@@ -14,6 +14,11 @@ whole global batch instead of each worker's share (chapter 4 shows both ways agr
 
 Throughput experiments (1-3) measure images/s on synthetic data for a few hundred
 iterations (the thesis's ``--num_batches=200``); quality experiments (4-9) train to the end.
+
+``run`` trains an experiment's runs as one :class:`~guide_utils.studies.study.Study`, the way
+the sweep and the large-batch study train theirs, but in this process: a multi-worker run's
+processes are started by its launcher (``launch``, ``torchrun``, ``horovodrun``, an sbatch
+script), each runs the same runs, and every run must fit the launch before any starts.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from typing import Any
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..core.config import make_config
+from .study import Study
 
 PROG = "python -m guide_utils experiments"
 SMOKE_BATCH = 32  # smoke: the per-worker batch of "one thesis GPU"
-# Smoke quality runs: MNIST-1D with the settings of shared/notes/small-scale-quality.md
+# Smoke quality runs: MNIST-1D with the settings of the book's methods page, book/methods.md
 # (base lr 0.05 at batch 32, drops at 50 % and 75 % of training). 20,000 samples give the
 # largest global batch (1024) 15 steps per epoch; with fewer, warmup has too few steps to
 # work and the runs show the size of the problem rather than the method (measured: 8,000
@@ -257,21 +263,63 @@ def _world_size() -> int:
     return 1
 
 
-def execute(name: str, profile: str, index: int | None = None, **overrides: Any) -> list:
-    """PlannedRun the chosen runs through the engine; each writes its run record."""
-    from ..engine import train
+@dataclass(frozen=True)
+class ExperimentRun:
+    """One planned run of an experiment as a point of the experiments' study."""
 
-    results = []
-    for i, run, command in plan(name, profile, index):
-        size = _world_size()
+    name: str
+    index: int
+    run: PlannedRun
+    profile: str
+
+    def key(self) -> dict:
+        return {"experiment": self.name, "index": self.index}
+
+    def config(self, **overrides: Any):
+        settings = {**self.run.settings, **overrides}
+        settings["run_name"] = overrides.get("run_name") or f"{self.name}-{self.profile}-run{self.index}"
+        cfg = make_config("smoke" if self.profile == "smoke" else "full", **settings)
+        cfg.extra = {"experiment": self.name, "run_index": self.index, "label": self.run.label}
+        return cfg
+
+
+def row(point: ExperimentRun, cfg, result) -> dict:
+    """A finished run in the experiments' table: what it was, how it ended, where its record is
+    (None on the ranks that write none)."""
+    from ..core.scaling import scaled_lr
+
+    gbatch = cfg.per_worker_batch * point.run.workers
+    rates = [e["images_per_second"] for e in result.epochs if e.get("images_per_second")]
+    return {**point.key(), "label": point.run.label, "workers": point.run.workers, "global_batch": gbatch,
+            "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling),
+            "best_val_top1_err": round(min(e["val_top1_err"] for e in result.epochs), 3) if result.epochs else None,
+            "images_per_second": round(rates[-1], 1) if rates else None,
+            "seconds": round(sum(e["seconds"] for e in result.epochs), 1), "run_name": result.run_name,
+            "record": result.record_path}
+
+
+def summary(table) -> str:
+    return "\n".join(f"[experiments] {r.run_name}: record {r.record}" for r in table.itertuples())
+
+
+COLUMNS = ("experiment", "index", "label", "workers", "global_batch", "peak_lr", "best_val_top1_err",
+           "images_per_second", "seconds", "run_name", "record")
+# No thread counts: every run trains in the process(es) its launcher started, at their count.
+STUDY = Study("experiments", "the thesis's experiments", f"{PROG} run", COLUMNS, ("experiment", "index"), row,
+              summary=summary)
+
+
+def execute(name: str, profile: str, index: int | None = None, **overrides: Any):
+    """Train the chosen runs through the engine in this process, the experiments' study (each
+    writes its run record): the table of runs, one row each. Every run must fit this launch."""
+    chosen = plan(name, profile, index)
+    size = _world_size()
+    for i, run, command in chosen:
         if size != run.workers:
             raise GuideError(f"{name} run {i} ({run.label}) needs {run.workers} worker(s) but this launch has "
                              f"{size}; start it as: {command}")
-        cfg = make_config("smoke" if profile == "smoke" else "full", **{**run.settings, **overrides},
-                          run_name=overrides.get("run_name") or f"{name}-{profile}-run{i}")
-        cfg.extra = {"experiment": name, "run_index": i, "label": run.label}
-        results.append(train(cfg))
-    return results
+    return STUDY.run([ExperimentRun(name, i, run, profile) for i, run, _ in chosen], progress=False,
+                     overrides=overrides)
 
 
 def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = "results",
@@ -289,7 +337,7 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
 
     [(i, run, _)] = plan(name, profile, index)
     if run.workers == 1:  # no progress bar in a notebook
-        return execute(name, profile, index, results_dir=results_dir, progress=False, quiet=quiet)[0].record_path
+        return execute(name, profile, index, results_dir=results_dir, progress=False, quiet=quiet)["record"].iloc[0]
     launcher = launcher or ("torchrun" if run.settings["dist"] == "ddp" else "horovodrun")
     if (launcher == "torchrun") != (run.settings["dist"] == "ddp"):
         raise GuideError(f"{name} run {i} uses --dist {run.settings['dist']}: launch it with "
@@ -334,8 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     overrides = {k: v for k, v in (("results_dir", args.results_dir), ("data", args.data), ("epochs", args.epochs))
                  if v is not None}
-    for result in execute(args.name, args.profile, args.index, **overrides):
-        print(f"[experiments] {result.run_name}: record {result.record_path}")
+    print(STUDY.report(execute(args.name, args.profile, args.index, **overrides)))
     return 0
 
 

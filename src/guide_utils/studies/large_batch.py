@@ -47,16 +47,16 @@ from which commit and with which versions it was made.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
+from ..core.paths import packaged
 from .experiments import SMOKE_BATCH as BASE_BATCH
 from .experiments import SMOKE_QUALITY
-from . import study
+from . import study, workers
 
 PROG = "python -m guide_utils large-batch"
 SAMPLES = 40_960
@@ -117,6 +117,14 @@ class Point:
             out["epochs"] = min(self.tuning_epochs, out["epochs"])
         return out
 
+    def config(self, **overrides):
+        """The ``TrainConfig`` of this point (the smoke profile and ``settings``), labelled as the study's."""
+        from ..core.config import make_config
+
+        cfg = make_config("smoke", **self.settings(**overrides))
+        cfg.extra = {"large_batch": asdict(self)}
+        return cfg
+
 
 def tuning_points(optimizers: Iterable[str] = tuple(TUNING)) -> list[Point]:
     """Every base learning rate of ``TUNING`` at k = 1, seed ``TUNING_SEED``, ``TUNING_EPOCHS`` epochs."""
@@ -142,30 +150,34 @@ def _check(ks: list[int], methods: list[str]) -> None:
                          f"included; larger k leaves no full batch of {TRAIN_SAMPLES} samples), got {ks}")
 
 
-def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
-    """Train one point through the engine; its row of the results table (see ``COLUMNS``)."""
-    import torch
-
-    from ..core.config import make_config
-    from ..engine import train
-    from ..core.scaling import scaled_lr
-
-    cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))
-    cfg.extra = {"large_batch": asdict(point)}
-    cpu = time.process_time()
-    result = train(cfg)
-    cpu = time.process_time() - cpu
+def row(point: Point, cfg, result) -> dict:
+    """A trained point's row of the results table (``COLUMNS``; the study adds ``threads`` and
+    ``cpu_seconds``)."""
     val = [e["val_top1_err"] for e in result.epochs]
     train_err = [e["train_top1_err"] for e in result.epochs]
-    return {"stage": point.stage, "k": point.k, "method": point.method, "optimizer": point.optimizer,
-            "lr_scaling": point.lr_scaling, "seed": point.seed, "threads": torch.get_num_threads(),
-            "epochs": cfg.epochs,
-            "global_batch": cfg.per_worker_batch, "base_lr": point.base_lr,
-            "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
+    return {**point.key(), "lr_scaling": point.lr_scaling, "epochs": cfg.epochs, **study.quality(cfg, result),
             "steps_per_epoch": TRAIN_SAMPLES // cfg.per_worker_batch if cfg.mnist1d_samples == SAMPLES else None,
-            "best_val_top1_err": round(min(val), 3), "final_val_top1_err": round(val[-1], 3),
-            "seconds": round(sum(e["seconds"] for e in result.epochs), 1), "cpu_seconds": round(cpu, 1),
             "val_curve": " ".join(f"{v:.3f}" for v in val), "train_curve": " ".join(f"{v:.3f}" for v in train_err)}
+
+
+def describe(row: dict) -> str:
+    return (f"{row['stage']} k={row['k']} {row['method']} ({row['optimizer']}, base lr {row['base_lr']:g}) "
+            f"seed {row['seed']} x{row['threads']}: {row['best_val_top1_err']:.2f} % ({row['cpu_seconds']:.0f} s CPU)")
+
+
+def summary(table) -> str:
+    return (f"base learning rates chosen at k = 1: {chosen_lrs(table)}; {len(table)} runs, "
+            f"{cpu_hours(table):.2f} CPU-hours\n{format_outcomes(outcomes(table))}")
+
+
+STUDY = study.Study("large-batch", "MNIST-1D large-batch sweep", f"{PROG} run", tuple(COLUMNS), tuple(KEY), row,
+                    threads=THREADS, summary=summary, describe=describe, order=("baseline", *METHODS),
+                    text_columns=CURVE_COLUMNS)
+
+
+def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
+    """Train one point through the engine in this process; its row of the results table."""
+    return workers.train_point(point, row, results_dir=str(results_dir), **overrides)
 
 
 def recorded_point(table, k: int, method: str, seed: int = 0, threads: int = THREADS[0]) -> tuple[Point, object]:
@@ -178,9 +190,9 @@ def replay(point: Point, results_dir: str | Path, *, epochs: int = 2, threads: i
     """The first ``epochs`` epochs of a recorded point trained again as the recording trained
     it (a fresh process with ``threads`` threads): its row. The schedule of the first epochs
     does not depend on the run's length, so they are the same epochs as the full run's."""
-    rows: list[dict] = []
-    study.train_all([point], run_point, threads, threads, rows.append, results_dir=results_dir, epochs=epochs)
-    return rows[0]
+    with STUDY.open(threads=[threads], progress=False) as session:
+        session.train([point], overrides={"results_dir": str(results_dir), "epochs": epochs})
+    return session.rows[0]
 
 
 def early_agreement(table, row: dict, epochs: int = 2) -> list[tuple[float, float, float, bool]]:
@@ -221,47 +233,23 @@ def run(out: str | Path, *, ks=KS, seeds=SEEDS, methods=tuple(METHODS), threads:
     """Tune at k = 1 (at the first thread count), then train every point at every thread count;
     rows are appended to ``out`` (never overwritten; ``resume`` finishes an interrupted file).
     ``overrides`` change the settings of every run (tests shrink the problem with them)."""
-    import pandas as pd
-
     ks, seeds, methods = list(ks), list(seeds), list(methods)
     _check(ks, methods)
-    threads = study.check_threads(threads, jobs)
     if TUNING_SEED not in seeds:
         raise GuideError(f"--seeds must include {TUNING_SEED}, the seed the k = 1 tuning runs use")
     command = " ".join([PROG, *(argv if argv is not None else ["run", "--out", str(out)])])
-    header = study.provenance("MNIST-1D large-batch sweep", command, threads=threads, jobs=jobs)
-    sink = study.Sink(out, COLUMNS, header, key=KEY, resume=resume)
-    count = [len(sink.done)]
-
-    def report(row: dict) -> None:
-        sink.write(row)
-        count[0] += 1
-        print(f"[large-batch] run {count[0]}: {row['stage']} k={row['k']} {row['method']} "
-              f"({row['optimizer']}, base lr {row['base_lr']:g}) seed {row['seed']} x{row['threads']} thread(s): "
-              f"best val error {row['best_val_top1_err']:.2f} % ({row['cpu_seconds']:.0f} s CPU)",
-              file=sys.stderr, flush=True)
-
-    def todo(pts: list[Point], t: int) -> list[Point]:
-        return [p for p in pts if sink.key({**p.key(), "threads": t}) not in sink.done]
-
-    def train_all(pts: list[Point], t: int) -> None:
-        study.train_all(todo(pts, t), run_point, t, jobs, report, results_dir=results_dir, **(overrides or {}))
-
+    overrides = {"results_dir": str(results_dir), **(overrides or {})}
     # SGD always: its k = 1 baseline is the reference every method is measured against.
     optimizers = list(dict.fromkeys(["sgd", *(METHODS[m]["optimizer"] for m in methods)]))
-    train_all(tuning_points(optimizers), threads[0])
-    lrs = chosen_lrs(load(out))
-    for t in threads:
-        train_all(sweep_points(lrs, ks, seeds, methods), t)
-    return load(out)
+    with STUDY.open(out, threads=threads, jobs=jobs, resume=resume, command=command) as session:
+        session.train(tuning_points(optimizers), threads=session.threads[:1], overrides=overrides)
+        session.train(sweep_points(chosen_lrs(session.table()), ks, seeds, methods), overrides=overrides)
+    return session.table()
 
 
 def load(path: str | Path):
     """A CSV written by ``run``; ``.attrs['source']`` keeps its first line."""
-    from . import study_csv
-
-    return study_csv.read(path, what="large-batch", command=f"{PROG} run", columns=COLUMNS,
-                          dtype={c: str for c in CURVE_COLUMNS})
+    return STUDY.load(path)
 
 
 RECORDED = "large_batch_mnist1d.csv"
@@ -269,9 +257,7 @@ RECORDED = "large_batch_mnist1d.csv"
 
 def recorded():
     """The sweep chapter 13 shows, run once with the defaults and committed (see its first line)."""
-    from importlib import resources
-
-    return load(resources.files("guide_utils.results") / "recorded" / RECORDED)
+    return load(packaged("results", "recorded", RECORDED))
 
 
 def curves(table):
@@ -327,9 +313,7 @@ def cluster_commands(nodes: int = 64, gpus_per_node: int = 4, per_gpu: int = 32)
 def outcomes(table, within: float = 1.0, by=("k", "method")):
     """Per (k, method) of ``curves(table)``: runs, median, best, worst, and how many runs ended
     within ``within`` points of the k = 1 SGD baseline's median (``study.outcomes``)."""
-    runs = curves(table)
-    reference = float(runs[runs["method"] == "baseline"]["best_val_top1_err"].median())
-    return study.outcomes(runs, list(by), reference, within=within, order=["baseline", *METHODS])
+    return STUDY.outcomes(curves(table), within, by)
 
 
 def format_outcomes(table, within: float = 1.0) -> str:
@@ -338,35 +322,23 @@ def format_outcomes(table, within: float = 1.0) -> str:
     return study.format_outcomes(table[(table["k"] > 1) | (table["method"] == "baseline")], within=within)
 
 
+def _point_arguments(run) -> None:
+    study.add_point_arguments(run, ks=KS, seeds=SEEDS, methods=tuple(METHODS))
+
+
 def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="tune the base learning rates at k = 1, then train every point")
-    r.add_argument("--out", required=True, help="CSV of the results (must not exist yet, unless --resume)")
-    r.add_argument("--ks", type=int, nargs="+", default=list(KS), help="scaling factors (default: 32 256)")
-    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 to 4)")
-    r.add_argument("--methods", nargs="+", default=list(METHODS), help=", ".join(METHODS))
-    study.add_run_arguments(r, threads=THREADS, results_dir="results/large-batch",
-                            threads_help="every point is trained at each, the tuning at the first")
-    s = sub.add_parser("summary", help="medians, worst runs and counts of a large-batch CSV")
-    s.add_argument("csv")
-    return p
+    return STUDY.parser(PROG, __doc__.split("\n\n")[0], points=_point_arguments, out_required=True,
+                        run_help="tune the base learning rates at k = 1, then train every point",
+                        results_dir="results/large-batch",
+                        threads_help="every point is trained at each, the tuning at the first")
 
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    if args.command == "summary":
-        table = load(args.csv)
-    else:
-        table = run(args.out, ks=args.ks, seeds=args.seeds, methods=args.methods, threads=args.threads,
-                    results_dir=args.results_dir, jobs=args.jobs, resume=args.resume, argv=argv)
-    print(table.attrs["source"])
-    print(f"base learning rates chosen at k = 1: {chosen_lrs(table)}; {len(table)} runs, "
-          f"{cpu_hours(table):.2f} CPU-hours")
-    print(format_outcomes(outcomes(table)))
-    return 0
+    return STUDY.cli(build_parser().parse_args(argv), lambda args: run(
+        args.out, ks=args.ks, seeds=args.seeds, methods=args.methods, threads=args.threads,
+        results_dir=args.results_dir, jobs=args.jobs, resume=args.resume, argv=argv))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..runtime.ports import free_port
+
 
 def sampler_orders(*, set_epoch: bool, epochs: int = 3, samples: int = 12, replicas: int = 2, rank: int = 0,
                    seed: int = 0) -> list[list[int]]:
@@ -33,13 +35,6 @@ def sampler_orders(*, set_epoch: bool, epochs: int = 3, samples: int = 12, repli
             sampler.set_epoch(epoch)
         orders.append(list(sampler))
     return orders
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _uneven_worker(rank: int, world: int, port: int, calls: int, timeout_s: float, idle_s: float, queue) -> None:

@@ -1,154 +1,196 @@
-"""Running a study: points x seeds x thread counts -> one CSV row per run.
+"""A study: points x seeds x thread counts -> one row per run -> a summary.
 
-The sweep of chapters 4-7 and the large-batch study of chapter 13 share this machinery:
-each point is trained in a fresh worker process with a fixed number of CPU threads, rows
-are appended to the CSV as runs finish (so an interrupted study loses at most the runs in
-flight and ``resume`` carries on), and the CSV's first line says what made it, when, on
-which machine, with which thread counts, commit and versions.
+The quality sweep of chapters 4-7, the large-batch study of chapter 13 and the thesis's nine
+experiments are each a :class:`Study`, a page of declarations: the columns of its table, which
+of them identify a run, how a trained point becomes a row, its thread counts and its summary.
+Its points are the study's own small dataclasses; each makes its ``TrainConfig``
+(``point.config(**overrides)``) and names its key columns (``point.key()``). ``Study.run``
+trains every point at every thread count, each in a fresh worker process with that many
+threads (``studies.workers`` says why), ``jobs`` cores busy; rows are appended to the CSV as
+runs finish (so an interrupted study loses at most the runs in flight, and ``resume``
+carries on), and the CSV's first line says what made it, when, on which machine, with which
+thread counts, commit and versions (``study_csv.provenance``). A study without thread counts
+(the experiments) trains its points in this process, at the launcher's count.
 
-Why thread counts are part of a study: on a CPU the number of threads decides the order in
-which a convolution's partial sums are added, and at a learning rate near the edge of
-stability (the linear rule's 1.6 at k = 32) that last-bit difference can send one run down
-another path. A result the guide states must hold at more than one setting, so each point is
-trained at every thread count given and the CSV's ``threads`` column keeps them apart.
+Summaries show each point's outcome as it is: median, best and worst run, and how many runs
+ended within a tolerance of the baseline's median (``outcomes``), not a mean and standard
+deviation, which hide a run that diverged.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import multiprocessing
 import os
-import platform
-import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
+from ..core.cli import ArgumentParser
 from ..core.errors import GuideError
+from . import study_csv
+from .workers import check_threads, train_all, train_here, train_point
 
 
-def cpu_isa() -> str:
-    """The widest vector instruction set of this CPU that the math libraries use (x86), and the
-    cap on it where ``ONEDNN_MAX_CPU_ISA`` or ``MKL_ENABLE_INSTRUCTIONS`` sets one."""
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
-    caps = [f"{v}={os.environ[v]}" for v in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS") if os.environ.get(v)]
-    return isa + (f" (capped: {', '.join(caps)})" if caps else "")
+@dataclass(frozen=True)
+class Study:
+    name: str  # in messages and on the progress bar: "sweep"
+    title: str  # the provenance line's first words: "MNIST-1D quality sweep"
+    command: str  # what writes its CSV: "python -m guide_utils sweep run"
+    columns: tuple[str, ...]  # of its CSV, in order
+    key: tuple[str, ...]  # the columns that identify a run ("threads" among them where counts are fixed)
+    # (point, cfg, result) -> the run's row; module-level, so that spawned workers find it by name
+    row: Callable[[Any, Any, Any], dict]
+    threads: tuple[int, ...] = ()  # the default counts; (): in this process, at the launcher's count
+    summary: Callable[[Any], str] | None = None  # the table's summary (default: ``format_outcomes``)
+    describe: Callable[[dict], str] | None = None  # a finished run in a few words, for the progress bar
+    order: tuple[str, ...] = ()  # methods in the order summaries list them, the baseline first
+    text_columns: tuple[str, ...] = ()  # read back as text, not numbers (the curves)
 
+    def open(self, out: str | Path | None = None, **options) -> Session:
+        """A run of this study into ``out`` (None: no CSV); see :class:`Session` for ``options``."""
+        return Session(self, out, **options)
 
-def commit() -> str:
-    """The checkout's commit, marked when it has uncommitted changes; 'unknown' outside git."""
-    here = str(Path(__file__).resolve().parent)
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        head, dirty = "", ""
-    return (head + (" with uncommitted changes" if dirty else "")) if head else "unknown (not a git checkout)"
+    def run(self, points: Sequence, out: str | Path | None = None, *, overrides: dict | None = None,
+            **options):
+        """Train every point at every thread count, appending rows to ``out`` as they finish
+        (with ``resume`` the runs ``out`` holds are skipped); the table of ``out``, or of this
+        call's runs without one. ``overrides`` change every run's settings (``results_dir``;
+        tests shrink the problem with them)."""
+        with self.open(out, **options) as session:
+            session.train(points, overrides=overrides)
+        return session.table()
 
+    def load(self, path: str | Path):
+        """A CSV this study wrote; ``.attrs['source']`` keeps its first line (date, hardware)."""
+        return study_csv.read(path, what=self.name, command=self.command, columns=self.columns,
+                              dtype={c: str for c in self.text_columns} or None)
 
-def provenance(title: str, command: str, *, threads: Sequence[int], jobs: int) -> str:
-    """A study CSV's first line: what made it, when, on what, how, from which commit and stack."""
-    from importlib.metadata import version
+    def outcomes(self, table, within: float = 1.0, by: Sequence[str] = ("k", "method")):
+        """``outcomes`` of ``table`` against the median of its ``baseline`` runs."""
+        metric = "best_val_top1_err"
+        reference = float(table[table["method"] == "baseline"][metric].median())
+        return outcomes(table, list(by), reference, metric=metric, within=within, order=self.order)
 
-    from ..results.plots import hardware_label
+    def report(self, table) -> str:
+        """What the command prints: the CSV's first line (where there is a CSV), then the summary."""
+        summary = self.summary(table) if self.summary else format_outcomes(self.outcomes(table))
+        source = table.attrs.get("source")
+        return f"{source}\n{summary}" if source else summary
 
-    versions = ", ".join(f"{p} {version(p)}" for p in ("torch", "timm", "mnist1d", "numpy"))
-    counts = " and ".join(str(t) for t in threads)
-    return (f"{title} ({command}); measured {_dt.date.today().isoformat()} on {hardware_label()}, "
-            f"{cpu_isa()}; {counts} thread(s) per run, up to {jobs} core(s) busy; commit {commit()}; "
-            f"Python {platform.python_version()}, {versions}")
+    def parser(self, prog: str, description: str, *, run_help: str, points: Callable[[Any], None],
+               results_dir: str, threads_help: str, out_required: bool = False) -> ArgumentParser:
+        """A study's command: ``run`` (``points`` adds the study's own options), and ``summary CSV``."""
+        p = ArgumentParser(prog=prog, description=description)
+        sub = p.add_subparsers(dest="command", required=True)
+        r = sub.add_parser("run", help=run_help)
+        points(r)
+        r.add_argument("--out", required=out_required,
+                       help="CSV of the results (must not exist yet, unless --resume)")
+        add_run_arguments(r, threads=self.threads, results_dir=results_dir, threads_help=threads_help)
+        s = sub.add_parser("summary", help=f"medians, worst runs and counts of a {self.name} CSV")
+        s.add_argument("csv")
+        return p
 
-
-def set_threads(threads: int) -> None:
-    """Pin this process to ``threads`` CPU threads (the engine keeps an OMP_NUM_THREADS it finds)."""
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    import torch
-
-    torch.set_num_threads(threads)
-
-
-def check_threads(threads: Iterable[int], jobs: int) -> list[int]:
-    threads, cores = list(threads), os.cpu_count() or 1
-    if not threads or any(t < 1 for t in threads):
-        raise GuideError(f"--threads takes one or more counts of 1 or more, got {threads}")
-    if not 1 <= jobs <= cores:
-        raise GuideError(f"--jobs must be 1 to {cores} (the cores of this machine), got {jobs}")
-    return threads
-
-
-def train_all(tasks: Sequence, run: Callable, threads: int, jobs: int, report: Callable, **kwargs) -> None:
-    """``run(task, **kwargs)`` for every task, each in a worker process with ``threads`` threads,
-    ``max(1, jobs // threads)`` at a time; ``report(row)`` as each finishes (in finishing order)."""
-    if not tasks:
-        return
-    workers = max(1, min(len(tasks), jobs // threads))
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=set_threads, initargs=(threads,)) as pool:
-        for fut in as_completed([pool.submit(run, t, **kwargs) for t in tasks]):
-            report(fut.result())
-
-
-class Sink:
-    """The CSV a study appends to: created with its provenance line, never overwritten; with
-    ``resume`` an existing one is read back and the runs it holds are not trained again."""
-
-    def __init__(self, path: str | Path, columns: Sequence[str], header: str, *, key: Sequence[str],
-                 resume: bool = False):
-        self.path, self.columns, self.key_columns = Path(path), list(columns), list(key)
-        self.done: set[tuple] = set()
-        if self.path.exists():
-            if not resume:
-                raise GuideError(f"{self.path} already exists; choose another --out, or add --resume to "
-                                 "finish it (results are never overwritten)")
-            self._read_back()
+    def cli(self, args, run: Callable[[Any], Any]) -> int:
+        """A study command's body: ``summary`` loads the CSV, ``run`` calls ``run(args)``; then the report."""
+        if args.command == "summary":
+            table = self.load(args.csv)
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("x", encoding="utf-8") as fh:
-                fh.write(f"# {header}\n{','.join(self.columns)}\n")
-
-    def _read_back(self) -> None:
-        import csv
-
-        with self.path.open(encoding="utf-8") as fh:
-            fh.readline()
-            reader = csv.DictReader(fh)
-            if reader.fieldnames != self.columns:
-                raise GuideError(f"{self.path} has other columns than this study writes; it cannot be resumed "
-                                 "(choose another --out)")
-            self.done = {self.key(row) for row in reader}
-
-    def key(self, row: dict) -> tuple:
-        """What identifies a run (its point, seed and thread count), alike for a row read back
-        from the CSV and one just trained (values compare as the CSV writes them)."""
-        return tuple(str(row[c]) for c in self.key_columns)
-
-    def write(self, row: dict) -> None:
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(",".join("" if row[c] is None else str(row[c]) for c in self.columns) + "\n")
-        self.done.add(self.key(row))
+            if args.resume and not args.out:
+                raise GuideError("--resume needs --out, the CSV to finish")
+            table = run(args)
+        print(self.report(table))
+        return 0
 
 
-def progress(label: str, total: int):
+class Session:
+    """One run of a study: its CSV (or none), thread counts, cores busy and progress bar.
+    ``train`` may be called more than once (the large-batch study tunes, reads back what the
+    tuning chose, then trains the rest into the same CSV); use it as a context manager."""
+
+    def __init__(self, study: Study, out: str | Path | None = None, *, threads: Sequence[int] | None = None,
+                 jobs: int = 1, resume: bool = False, command: str | None = None, title: str | None = None,
+                 progress: bool = True):
+        self.study, self.out, self.jobs, self.rows = study, out, jobs, []
+        counts = study.threads if threads is None else threads
+        self.threads = check_threads(counts, jobs) if counts else []
+        self.sink = None
+        if out is not None:
+            if not self.threads:
+                raise ValueError(f"the {study.name} study has no thread counts to record in {out}")
+            header = study_csv.provenance(title or study.title, command or study.command, threads=self.threads,
+                                          jobs=jobs)
+            self.sink = study_csv.Sink(out, study.columns, header, key=study.key, resume=resume)
+        self.bar = _progress(study.name) if progress else None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def missing(self, points: Sequence, threads: int | None) -> list:
+        """The points not yet in the CSV at ``threads`` (all of them without a CSV)."""
+        if self.sink is None:
+            return list(points)
+        return [p for p in points if self.sink.key({**p.key(), "threads": threads}) not in self.sink.done]
+
+    def train(self, points: Sequence, *, threads: Sequence[int] | None = None, overrides: dict | None = None):
+        """Train the missing ``points`` at each of ``threads`` (default: the session's)."""
+        kwargs = {"row": self.study.row, **(overrides or {})}
+        for t in (self.threads if threads is None else list(threads)) or [None]:
+            todo = self.missing(points, t)
+            if self.bar is not None:
+                self.bar.total += len(todo)
+                self.bar.refresh()
+            if t is None:
+                train_here(todo, train_point, self._report, **kwargs)
+            else:
+                train_all(todo, train_point, t, self.jobs, self._report, **kwargs)
+
+    def _report(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.sink is not None:
+            self.sink.write(row)
+        if self.bar is not None:
+            self.bar.update()
+            if self.study.describe is not None:
+                self.bar.set_postfix_str(self.study.describe(row))
+
+    def table(self):
+        """The CSV's table (every run it holds), or this session's runs without a CSV."""
+        import pandas as pd
+
+        if self.out is not None:
+            return self.study.load(self.out)
+        return pd.DataFrame(self.rows, columns=list(self.study.columns))
+
+
+def _progress(label: str):
     """A tqdm bar on stderr for a study's runs (one update per finished run)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="run", file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=0, desc=label, unit="run", file=sys.stderr, dynamic_ncols=True)
+
+
+def quality(cfg, result, workers: int = 1) -> dict:
+    """What a quality row records of a trained run: its global batch and peak learning rate,
+    its best and final top-1 validation error (the thesis reports the best) and its wall time."""
+    from ..core.scaling import scaled_lr
+
+    errs = [e["val_top1_err"] for e in result.epochs]
+    gbatch = cfg.per_worker_batch * workers
+    return {"global_batch": gbatch, "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling),
+            "best_val_top1_err": round(min(errs), 3), "final_val_top1_err": round(errs[-1], 3),
+            "seconds": round(sum(e["seconds"] for e in result.epochs), 1)}
 
 
 def outcomes(table, by: Sequence[str], reference: float, *, metric: str = "best_val_top1_err",
              within: float = 1.0, order: Sequence[str] = ()):
     """Each group's outcome as it is, not as a mean: runs, median, best and worst run, and how
-    many runs ended within ``within`` points of ``reference`` (the baseline's median). A mean
-    and standard deviation hide a run that diverged; these do not. Rows by k, then methods in
-    ``order`` (the study's own: baseline first)."""
+    many runs ended within ``within`` points of ``reference`` (the baseline's median). Rows by
+    k, then methods in ``order`` (the study's own: baseline first)."""
     g = table.groupby(list(by), sort=True)[metric]
     out = g.agg(runs="count", median="median", best="min", worst="max").reset_index()
     out["within"] = g.apply(lambda s: int((s <= reference + within).sum())).to_numpy()
@@ -165,26 +207,6 @@ def format_outcomes(table, *, within: float = 1.0) -> str:
         lines.append(f"{point}  median {row.median:6.2f} %  worst {row.worst:6.2f} %  "
                      f"{row.within:>2} of {row.runs} within {within:g} point(s) of the baseline")
     return "\n".join(lines)
-
-
-def env_threads() -> int:
-    """OMP_NUM_THREADS as one count (its first, for a nested list like "4,2"); 1 when unset."""
-    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if not value:
-        return 1
-    if not value.isdigit() or int(value) < 1:
-        raise GuideError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} is not a thread count; "
-                         "set it to a whole number or pass --threads")
-    return int(value)
-
-
-def add_run_arguments(run, *, threads: Sequence[int], results_dir: str, threads_help: str) -> None:
-    """The options every study's ``run`` takes: thread counts, cores, run records, resume."""
-    run.add_argument("--threads", type=int, nargs="+", default=list(threads),
-                     help=f"CPU threads per run; {threads_help} (default: {' '.join(map(str, threads))})")
-    run.add_argument("--jobs", type=int, default=1, help="cores to keep busy (runs at a time x threads; default 1)")
-    run.add_argument("--results-dir", default=results_dir, help="where the run records go")
-    run.add_argument("--resume", action="store_true", help="finish an interrupted --out: train only its missing runs")
 
 
 def band(recorded, widen: float = 2.0) -> tuple[float, float]:
@@ -205,3 +227,32 @@ def agrees(value: float, recorded, widen: float = 2.0) -> bool:
     """Does one new run agree with the recorded runs of its point (see ``band``)?"""
     lo, hi = band(recorded, widen)
     return lo <= float(value) <= hi
+
+
+def env_threads() -> int:
+    """OMP_NUM_THREADS as one count (its first, for a nested list like "4,2"); 1 when unset."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise GuideError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} is not a thread count; "
+                         "set it to a whole number or pass --threads")
+    return int(value)
+
+
+def add_point_arguments(run, *, ks: Sequence[int], seeds: Sequence[int], methods: Sequence[str]) -> None:
+    """The options that choose a sweep-like study's points: scaling factors, seeds, methods."""
+    run.add_argument("--ks", type=int, nargs="+", default=list(ks),
+                     help=f"scaling factors (default: {' '.join(map(str, ks))})")
+    run.add_argument("--seeds", type=int, nargs="+", default=list(seeds),
+                     help=f"seeds per point (default: {seeds[0]} to {seeds[-1]})")
+    run.add_argument("--methods", nargs="+", default=list(methods), help=", ".join(methods))
+
+
+def add_run_arguments(run, *, threads: Sequence[int], results_dir: str, threads_help: str) -> None:
+    """The options every study's ``run`` takes: thread counts, cores, run records, resume."""
+    run.add_argument("--threads", type=int, nargs="+", default=list(threads),
+                     help=f"CPU threads per run; {threads_help} (default: {' '.join(map(str, threads))})")
+    run.add_argument("--jobs", type=int, default=1, help="cores to keep busy (runs at a time x threads; default 1)")
+    run.add_argument("--results-dir", default=results_dir, help="where the run records go")
+    run.add_argument("--resume", action="store_true", help="finish an interrupted --out: train only its missing runs")

@@ -1,12 +1,102 @@
-"""Reading a recorded study back: a CSV whose first line (``# ...``) says what made it,
-when, on what; the sweep and the large-batch study share the format and its checks."""
+"""A study's CSV: its first line (``# ...``) says what made it, when, on what machine, with
+which thread counts, commit and versions; rows are appended as runs finish and never
+overwritten; reading it back checks that it is one.
+
+Every study (the sweep, the large-batch study, ``verify``'s retrained points) writes and
+reads this one format through :class:`~guide_utils.studies.study.Study`, so the provenance
+line is built here and nowhere else.
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
+import os
+import platform
+import subprocess
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..core.errors import GuideError
+from ..core.paths import package_dir
+
+
+def cpu_isa() -> str:
+    """The widest vector instruction set of this CPU that the math libraries use (x86), and the
+    cap on it where ``ONEDNN_MAX_CPU_ISA`` or ``MKL_ENABLE_INSTRUCTIONS`` sets one."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
+    caps = [f"{v}={os.environ[v]}" for v in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS") if os.environ.get(v)]
+    return isa + (f" (capped: {', '.join(caps)})" if caps else "")
+
+
+def commit() -> str:
+    """The checkout's commit, marked when it has uncommitted changes; 'unknown' outside git."""
+    here = str(package_dir())
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        head, dirty = "", ""
+    return (head + (" with uncommitted changes" if dirty else "")) if head else "unknown (not a git checkout)"
+
+
+def provenance(title: str, command: str, *, threads: Sequence[int], jobs: int) -> str:
+    """A study CSV's first line: what made it, when, on what, how, from which commit and stack."""
+    from importlib.metadata import version
+
+    from ..results.plots import hardware_label
+
+    versions = ", ".join(f"{p} {version(p)}" for p in ("torch", "timm", "mnist1d", "numpy"))
+    counts = " and ".join(str(t) for t in threads)
+    return (f"{title} ({command}); measured {_dt.date.today().isoformat()} on {hardware_label()}, "
+            f"{cpu_isa()}; {counts} thread(s) per run, up to {jobs} core(s) busy; commit {commit()}; "
+            f"Python {platform.python_version()}, {versions}")
+
+
+class Sink:
+    """The CSV a study appends to: created with its provenance line, never overwritten; with
+    ``resume`` an existing one is read back and the runs it holds are not trained again."""
+
+    def __init__(self, path: str | Path, columns: Sequence[str], header: str, *, key: Sequence[str],
+                 resume: bool = False):
+        self.path, self.columns, self.key_columns = Path(path), list(columns), list(key)
+        self.done: set[tuple] = set()
+        if self.path.exists():
+            if not resume:
+                raise GuideError(f"{self.path} already exists; choose another --out, or add --resume to "
+                                 "finish it (results are never overwritten)")
+            self._read_back()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("x", encoding="utf-8") as fh:
+                fh.write(f"# {header}\n{','.join(self.columns)}\n")
+
+    def _read_back(self) -> None:
+        import csv
+
+        with self.path.open(encoding="utf-8") as fh:
+            fh.readline()
+            reader = csv.DictReader(fh)
+            if reader.fieldnames != self.columns:
+                raise GuideError(f"{self.path} has other columns than this study writes; it cannot be resumed "
+                                 "(choose another --out)")
+            self.done = {self.key(row) for row in reader}
+
+    def key(self, row: dict) -> tuple:
+        """What identifies a run (its point, seed and thread count), alike for a row read back
+        from the CSV and one just trained (values compare as the CSV writes them)."""
+        return tuple(str(row[c]) for c in self.key_columns)
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(",".join("" if row[c] is None else str(row[c]) for c in self.columns) + "\n")
+        self.done.add(self.key(row))
 
 
 def read(path: str | Path, *, what: str, command: str, columns: Iterable[str], dtype: dict | None = None):

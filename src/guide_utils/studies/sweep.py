@@ -8,16 +8,17 @@ several seeds each, and compares with the small-batch baseline (k = 1):
 * ``linear+warmup``: the rule plus a gradual warmup (experiments 8 and 9).
 
 A thesis worker count k is emulated by one process with the global batch (see
-``guide_utils.studies.experiments``). Settings follow ``shared/notes/small-scale-quality.md``: 20,000
-samples, 20 epochs, base lr 0.05 at batch 32, drops at 50 % and 75 % of training, 5 warmup
-epochs. Quality is the best top-1 validation error over the epochs, as the thesis reports it.
+``guide_utils.studies.experiments``). Settings follow the book's methods page, "Methods: the
+laptop scale" (``book/methods.md``): 20,000 samples, 20 epochs, base lr 0.05 at batch 32,
+drops at 50 % and 75 % of training, 5 warmup epochs. Quality is the best top-1 validation
+error over the epochs, as the thesis reports it.
 
 ``python -m guide_utils sweep run --jobs 2 --out FILE.csv`` trains every point with five
 seeds at one and at two CPU threads (``--seeds``, ``--threads``), writes one run record per run
 and appends its row to the CSV as it finishes (``--resume`` finishes an interrupted file);
 ``summary FILE.csv`` prints each point's median, worst run and how many runs ended within one
 point of the baseline. The thread count is part of the recording because near the edge of
-stability the order of floating-point sums decides some runs (see ``studies.study``). On two
+stability the order of floating-point sums decides some runs (see ``studies.workers``). On two
 otherwise idle CPU cores a k = 1 run takes 30 to 45 s and the others 10 to 15 s; the
 ``seconds`` column records each run's wall time under whatever else the machine was doing.
 """
@@ -31,9 +32,10 @@ from typing import Iterable, Sequence
 
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
+from ..core.paths import packaged
 from .experiments import SMOKE_BATCH as BASE_BATCH
 from .experiments import SMOKE_QUALITY
-from . import study
+from . import study, workers
 
 PROG = "python -m guide_utils sweep"
 # The catalogue's smoke quality settings: a sweep point is a smoke run of chapters 4-6.
@@ -69,6 +71,14 @@ class Point:
         return {**SETTINGS, **method, "per_worker_batch": BASE_BATCH * self.k, "seed": self.seed,
                 "run_name": self.name, **overrides}
 
+    def config(self, **overrides):
+        """The ``TrainConfig`` of this point (the smoke profile and ``settings``), labelled as the sweep's."""
+        from ..core.config import make_config
+
+        cfg = make_config("smoke", **self.settings(**overrides))
+        cfg.extra = {"sweep": self.key()}
+        return cfg
+
 
 def points(ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS, methods: Iterable[str] = tuple(METHODS),
            baseline: bool = True) -> list[Point]:
@@ -82,66 +92,42 @@ def points(ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS, methods: Iterab
     return out + [Point(k, m, s) for k in ks for m in methods for s in seeds]
 
 
+def row(point: Point, cfg, result) -> dict:
+    """A trained point's row of the results table (``COLUMNS``; the study adds ``threads``)."""
+    return {**point.key(), **study.quality(cfg, result)}
+
+
+def describe(row: dict) -> str:
+    return f"k={row['k']} {row['method']} seed {row['seed']} x{row['threads']}: {row['best_val_top1_err']:.2f} %"
+
+
+def summary(table) -> str:
+    return format_outcomes(outcomes(table))
+
+
+STUDY = study.Study("sweep", "MNIST-1D quality sweep", f"{PROG} run", tuple(COLUMNS), tuple(KEY), row,
+                    threads=THREADS, summary=summary, describe=describe, order=("baseline", *METHODS))
+
+
 def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
-    """Train one point through the engine; returns its row of the results table."""
-    import torch
-
-    from ..core.config import make_config
-    from ..engine import train
-    from ..core.scaling import scaled_lr
-
-    cfg = make_config("smoke", **point.settings(results_dir=str(results_dir), **overrides))
-    cfg.extra = {"sweep": {"k": point.k, "method": point.method, "seed": point.seed}}
-    result = train(cfg)
-    errs = [e["val_top1_err"] for e in result.epochs]
-    return {**point.key(), "threads": torch.get_num_threads(), "global_batch": cfg.per_worker_batch,
-            "peak_lr": scaled_lr(cfg.base_lr, cfg.base_batch, cfg.per_worker_batch, rule=cfg.lr_scaling),
-            "best_val_top1_err": round(min(errs), 3), "final_val_top1_err": round(errs[-1], 3),
-            "seconds": round(sum(e["seconds"] for e in result.epochs), 1)}
+    """Train one point through the engine in this process; returns its row of the results table."""
+    return workers.train_point(point, row, results_dir=str(results_dir), **overrides)
 
 
 def run(pts: list[Point], results_dir: str | Path, out: str | Path | None = None, *,
         threads: Sequence[int] = THREADS, jobs: int = 1, resume: bool = False, command: str | None = None,
-        progress: bool = True, title: str = "MNIST-1D quality sweep", overrides: dict | None = None):
+        progress: bool = True, title: str | None = None, overrides: dict | None = None):
     """Train every point at every thread count (``jobs`` cores busy), appending rows to ``out``
     as they finish; with ``resume`` the runs ``out`` already holds are skipped. Returns the
     table of this call's runs (all of ``out`` when it was given). ``overrides`` change the
     settings of every run (tests shrink the problem with them)."""
-    import pandas as pd
-
-    threads = study.check_threads(threads, jobs)
-    rows: list[dict] = []
-    sink = None
-    if out is not None:
-        header = study.provenance(title, command or f"{PROG} run", threads=threads, jobs=jobs)
-        sink = study.Sink(out, COLUMNS, header, key=KEY, resume=resume)
-    todo = {t: [p for p in pts if sink is None or sink.key({**p.key(), "threads": t}) not in sink.done]
-            for t in threads}
-    bar = study.progress("sweep", sum(map(len, todo.values()))) if progress else None
-
-    def report(row: dict) -> None:
-        rows.append(row)
-        if sink is not None:
-            sink.write(row)
-        if bar is not None:
-            bar.update()
-            bar.set_postfix_str(f"k={row['k']} {row['method']} seed {row['seed']} x{row['threads']}: "
-                                f"{row['best_val_top1_err']:.2f} %")
-
-    try:
-        for t, tasks in todo.items():
-            study.train_all(tasks, run_point, t, jobs, report, results_dir=results_dir, **(overrides or {}))
-    finally:
-        if bar is not None:
-            bar.close()
-    return load(out) if out is not None else pd.DataFrame(rows, columns=COLUMNS)
+    return STUDY.run(pts, out, threads=threads, jobs=jobs, resume=resume, command=command, title=title,
+                     progress=progress, overrides={"results_dir": str(results_dir), **(overrides or {})})
 
 
 def load(path: str | Path):
     """A sweep CSV written by ``run``; ``.attrs['source']`` keeps its first line (date, hardware)."""
-    from . import study_csv
-
-    return study_csv.read(path, what="sweep", command=f"{PROG} run", columns=COLUMNS)
+    return STUDY.load(path)
 
 
 RECORDED = "quality_sweep_mnist1d.csv"
@@ -149,9 +135,7 @@ RECORDED = "quality_sweep_mnist1d.csv"
 
 def recorded():
     """The sweep this guide's book shows, run once with the defaults and committed (see its first line)."""
-    from importlib import resources
-
-    return load(resources.files("guide_utils.results") / "recorded" / RECORDED)
+    return load(packaged("results", "recorded", RECORDED))
 
 
 CURVES = "curves"
@@ -162,11 +146,9 @@ def recorded_curves(method: str, k: int) -> list:
     per seed and thread count, sorted so, for the few points whose curves the book shows
     (``recorded/curves/``): the records the recording wrote, copied beside it; a test checks
     that their best and final errors are the sweep's."""
-    from importlib import resources
-
     from ..core.records import read_runs
 
-    folder = Path(str(resources.files("guide_utils.results") / "recorded" / CURVES))
+    folder = Path(str(packaged("results", "recorded", CURVES)))
     found = [r for r in read_runs(folder) if r.config.get("extra", {}).get("sweep", {}).get("method") == method
              and r.config["extra"]["sweep"]["k"] == k]
     if not found:
@@ -183,43 +165,29 @@ def outcomes(table, within: float = 1.0, by=("k", "method")):
     """Per point: runs, median, best, worst, and how many runs ended within ``within`` points
     of the baseline's median (``study.outcomes``); ``by`` may add ``threads``. Rows in the
     order k, then baseline, naive, linear, linear + warmup."""
-    return study.outcomes(table, list(by), baseline_median(table), within=within, order=["baseline", *METHODS])
+    return STUDY.outcomes(table, within, by)
 
 
 def format_outcomes(table, within: float = 1.0) -> str:
     return study.format_outcomes(table, within=within)
 
 
+def _point_arguments(run) -> None:
+    study.add_point_arguments(run, ks=KS, seeds=SEEDS, methods=tuple(METHODS))
+
+
 def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="train every point of the sweep")
-    r.add_argument("--ks", type=int, nargs="+", default=list(KS), help="scaling factors (default: 4 8 16 32)")
-    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per point (default: 0 to 4)")
-    r.add_argument("--methods", nargs="+", default=list(METHODS), help="naive, linear, linear+warmup")
-    r.add_argument("--out", help="CSV of the results (must not exist yet, unless --resume)")
-    study.add_run_arguments(r, threads=THREADS, results_dir="results/sweep",
-                            threads_help="every point is trained at each")
-    s = sub.add_parser("summary", help="medians, worst runs and counts of a sweep CSV")
-    s.add_argument("csv")
-    return p
+    return STUDY.parser(PROG, __doc__.split("\n\n")[0], run_help="train every point of the sweep",
+                        points=_point_arguments, results_dir="results/sweep",
+                        threads_help="every point is trained at each")
 
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    if args.command == "summary":
-        table = load(args.csv)
-        print(table.attrs["source"])
-    else:
-        if args.resume and not args.out:
-            raise GuideError("--resume needs --out, the CSV to finish")
-        pts = points(args.ks, args.seeds, args.methods)
-        table = run(pts, args.results_dir, args.out, threads=args.threads, jobs=args.jobs, resume=args.resume,
-                    command=" ".join([PROG, *argv]))
-    print(format_outcomes(outcomes(table)))
-    return 0
+    return STUDY.cli(build_parser().parse_args(argv), lambda args: run(
+        points(args.ks, args.seeds, args.methods), args.results_dir, args.out, threads=args.threads, jobs=args.jobs,
+        resume=args.resume, command=" ".join([PROG, *argv])))
 
 
 if __name__ == "__main__":

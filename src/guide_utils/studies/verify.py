@@ -34,7 +34,7 @@ from pathlib import Path
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..results.plots import hardware_label
-from . import study, sweep
+from . import study, study_csv, sweep
 
 PROG = "python -m guide_utils verify"
 CLEAR = 0.9  # share of (a, b) run pairs in which a beat b, for "a is better than b"
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results_dir or f"results/verify-{_dt.datetime.now():%Y%m%d-%H%M%S}")
     recorded = sweep.recorded()
     print(f"recorded: {recorded.attrs['source']}", flush=True)
-    print(f"this machine: {hardware_label()}, {study.cpu_isa()}, {threads} thread(s) per run, up to {jobs} "
+    print(f"this machine: {hardware_label()}, {study_csv.cpu_isa()}, {threads} thread(s) per run, up to {jobs} "
           f"core(s); run records and verify.csv in {results}", flush=True)
     mine = retrain(results, full=args.full, threads=threads, jobs=jobs, command=" ".join([PROG, *argv]))
     lines, ok = report(mine, recorded)

@@ -1,0 +1,91 @@
+"""Starting an interactive cluster's pieces: the checks before anything starts (ipyparallel,
+mpi4py and mpiexec, the allocation's tasks), the controller's address, and what the engines
+are started with (environment, mpiexec's options).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..core.errors import GuideError
+from ..runtime.ports import LOOPBACK
+from . import watchdog
+
+
+def require_ipyparallel():
+    """ipyparallel, or one line saying how to get it."""
+    try:
+        import ipyparallel
+    except ImportError:
+        raise GuideError(f"ipyparallel is not installed in this kernel's environment ({sys.executable}); install "
+                         "the guide's pins: pip install -r requirements.txt (ipyparallel==9.2.0, mpi4py)") from None
+    return ipyparallel
+
+
+def require_mpi(n: int) -> None:
+    """mpi4py, mpiexec, and no more engines than this allocation's tasks; else one line."""
+    if importlib.util.find_spec("mpi4py") is None:
+        raise GuideError(f"mpi4py is not installed in this kernel's environment ({sys.executable}); MPI engines need "
+                         "it: pip install -r requirements.txt (mpi4py, built against your MPI)")
+    if not shutil.which("mpiexec"):
+        raise GuideError("mpiexec not found: load your MPI (module load ...) or apt-get install openmpi-bin; "
+                         "or use engines='slurm'")
+    from ..runtime.slurm import SlurmJob
+
+    job = SlurmJob.from_env()
+    if job is not None and n > job.ntasks:
+        raise GuideError(f"{n} engines asked for, but this Slurm job ({job.job_id}) has {job.ntasks} task(s); "
+                         f"ask for at most {job.ntasks}, or start the session with more tasks")
+
+
+def controller_address(ip: str | None) -> str:
+    """Where the controller listens: ``ip``, else $GUIDE_CONTROLLER_IP, else loopback."""
+    return ip or os.environ.get("GUIDE_CONTROLLER_IP") or LOOPBACK
+
+
+def controller_endpoint(profile_dir: str, cluster_id: str, timeout: float = 30) -> tuple[str, int]:
+    """(host, registration port) at which the engines reach the controller."""
+    path = Path(profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
+    end = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > end:
+            raise GuideError(f"the ipyparallel controller wrote no connection file ({path}) in {timeout:.0f} s")
+        time.sleep(0.1)
+    info = json.loads(path.read_text())
+    host = info["interface"].split("://", 1)[-1]
+    if host in ("0.0.0.0", "*"):
+        host = info.get("location") or socket.gethostname()
+    return host, int(info["registration"])
+
+
+def engine_environment(engines: str, n: int) -> dict[str, str]:
+    """What the engines need besides the notebook's own environment: this guide_utils on
+    their path and, on this node, the batch path's settings (launch.environment). When the
+    engines have no core to spare (the kernel and the controller share the node with them),
+    OpenMPI yields while it waits instead of spinning: changes no number, and on two cores
+    halved the time of a 2-engine Horovod run."""
+    env = {"PYTHONPATH": watchdog._pythonpath(), "PYTHONUNBUFFERED": "1"}
+    if engines == "mpi":
+        from ..runtime.launch import environment
+
+        full = environment()
+        env.update({k: v for k, v in full.items() if os.environ.get(k) != v})
+        if n >= (os.cpu_count() or 1):
+            env.setdefault("OMPI_MCA_mpi_yield_when_idle", os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1"))
+    return env
+
+
+def mpiexec_args() -> list[str]:
+    """OpenMPI's mpiexec: more engines than cores is allowed, and no core binding (the
+    engines' own threads decide), as launch.command('mpirun') does."""
+    out = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True, timeout=30)
+    return ["--oversubscribe", "--bind-to", "none"] if "Open MPI" in out.stdout + out.stderr else []
+
