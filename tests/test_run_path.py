@@ -117,3 +117,20 @@ def test_one_failing_worker_stops_the_others():
     with pytest.raises(GuideError, match=r"process 2 of 2\) exited 1: worker 1 gave up"):
         local.run([PY, "-c", code], each=local.tf_config(2), show=False)
     assert time.monotonic() - began < 10
+
+
+def test_a_printed_tf_config_command_fits_the_page_and_names_the_scratch_folder(tmp_path, capsys):
+    """What chapter 8 prints: the same on every machine (no temporary folder's name) and no
+    wider than the book's column; the TF_CONFIG each worker gets is still the JSON it expects."""
+    configs = local.tf_config(2)
+    argv = [sys.executable, "-c", "pass", "--results-dir", str(tmp_path / "mwms")]
+    local.run(argv, each=configs, aliases={tmp_path: "$RESULTS"})
+    printed = capsys.readouterr().out
+    assert str(tmp_path) not in printed and "--results-dir $RESULTS/mwms &" in printed
+    assert all(len(line) <= local.WIDTH + 4 for line in printed.splitlines()), printed
+    for i, env in enumerate(configs):
+        config = json.loads(env["TF_CONFIG"])
+        assert config["task"] == {"type": "worker", "index": i} and len(config["cluster"]["worker"]) == 2
+    # the printed line, as a shell reads it, gives the first worker the same TF_CONFIG
+    first = printed.split(" &\n")[0].removeprefix("$ ").replace(" \\\n", " ")
+    assert shlex.split(first)[0] == "TF_CONFIG=" + configs[0]["TF_CONFIG"]

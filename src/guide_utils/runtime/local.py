@@ -47,13 +47,25 @@ def words(argv: Sequence[str]) -> list[str]:
     return [named.get(str(a), str(a)) for a in argv]
 
 
-def shown(argv: Sequence[str], env: Mapping[str, str] | None = None, width: int | None = WIDTH) -> str:
+def shown(argv: Sequence[str], env: Mapping[str, str] | None = None, width: int | None = WIDTH,
+          aliases: Mapping[Path | str, str] | None = None) -> str:
     """The shell line that runs ``argv`` with ``env`` set, wrapped with ``\\`` at ``width``
-    (``None``: one line)."""
-    tokens = [f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()] + [shlex.quote(w) for w in words(argv)]
+    (``None``: one line). ``aliases`` shows a folder by a shell variable's name (a scratch
+    folder as ``$RESULTS``), so that the line reads the same on every machine.
+
+    >>> print(shown(["ls", "/scratch/x1/runs"], aliases={"/scratch/x1": "$RESULTS"}))
+    ls $RESULTS/runs
+    """
+    def quoted(word: str) -> str:
+        for folder, name in (aliases or {}).items():
+            if word == str(folder) or word.startswith(str(folder) + os.sep):
+                return name + shlex.quote(word[len(str(folder)):]) if word != str(folder) else name
+        return shlex.quote(word)
+
+    tokens = [f"{k}={quoted(str(v))}" for k, v in (env or {}).items()] + [quoted(w) for w in words(argv)]
     lines = [tokens[0]]
     for token in tokens[1:]:
-        if width and len(lines[-1]) + len(token) + 3 > width:
+        if width and len(lines[-1].rsplit("\n", 1)[-1]) + len(token.split("\n", 1)[0]) + 3 > width:
             lines.append("    " + token)
         else:
             lines[-1] += " " + token
@@ -63,9 +75,10 @@ def shown(argv: Sequence[str], env: Mapping[str, str] | None = None, width: int 
 def tf_config(workers: int, host: str = "localhost") -> list[dict[str, str]]:
     """One ``TF_CONFIG`` per worker of a MultiWorkerMirroredStrategy cluster on this machine,
     for ``run(..., each=tf_config(n))``: every worker lists all of them on free ports, and
-    knows its own index (worker 0 is the chief)."""
-    cluster = {"worker": [f"{host}:{port}" for port in free_ports(workers)]}
-    return [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
+    knows its own index (worker 0 is the chief). The JSON breaks its line before ``"task"``
+    (JSON allows it) so that a printed command fits a page."""
+    cluster = json.dumps({"worker": [f"{host}:{port}" for port in free_ports(workers)]})
+    return [{"TF_CONFIG": f'{{"cluster": {cluster},\n "task": {{"type": "worker", "index": {i}}}}}'}
             for i in range(workers)]
 
 
@@ -150,7 +163,7 @@ def _new_records(records: Path, before: dict[Path, int]) -> list[RunRecord]:
 def run(argv: Sequence[str] | Sequence[Sequence[str]], *, env: Mapping[str, str] | None = None,
         each: Sequence[Mapping[str, str]] | None = None, records: Path | str | None = None,
         timeout: float = 900, cwd: Path | str | None = None, echo: str | None = None, show: bool = True,
-        dry_run: bool = False):
+        aliases: Mapping[Path | str, str] | None = None, dry_run: bool = False):
     """Print and run ``argv`` (or one process per command line of a list, or per environment of
     ``each``) with ``env`` on top of the workers' environment; wait for all of them.
 
@@ -158,6 +171,7 @@ def run(argv: Sequence[str] | Sequence[Sequence[str]], *, env: Mapping[str, str]
     ``subprocess.CompletedProcess`` (a list of them for several processes). ``echo``: print
     rank 0's output lines that start with it (``""``: all). A non-zero exit of any process, or
     ``timeout`` seconds passing, stops them all and raises one line with the output's tail.
+    ``aliases``: folders the printed command names by a variable (see :func:`shown`).
     ``dry_run``: print the command, run nothing, return None.
     """
     argvs = [list(map(str, a)) for a in argv] if argv and not isinstance(argv[0], str) else [list(map(str, argv))]
@@ -168,7 +182,8 @@ def run(argv: Sequence[str] | Sequence[Sequence[str]], *, env: Mapping[str, str]
         raise GuideError(f"{len(argvs)} command lines but {len(extras)} environments in each=; give one per process")
     several = len(argvs) > 1
     if show:
-        lines = [shown(a, {**(env or {}), **e}) + (" &" if several else "") for a, e in zip(argvs, extras)]
+        lines = [shown(a, {**(env or {}), **e}, aliases=aliases) + (" &" if several else "")
+                 for a, e in zip(argvs, extras)]
         print("\n".join(f"$ {line}" for line in lines + (["wait"] if several else [])), flush=True)
     if dry_run:
         return None
