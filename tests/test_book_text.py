@@ -136,3 +136,15 @@ def test_the_intros_numbers_are_the_sources():
     # "No 32-GPU run of the thesis reached the single GPU's accuracy exactly"
     runs32 = [sources.thesis_quality(e).query("gpus == 32")["top1_acc"].max() for e in range(4, 10)]
     assert max(runs32) < base.top1_acc and "No 32-GPU run of" in intro
+
+
+def test_the_slurm_page_states_the_pinned_pytorch_s_gpu_kernels_as_they_are():
+    """The prose on which GPUs the pinned wheel runs on is read back from the wheel itself."""
+    torch = pytest.importorskip("torch")
+    text = " ".join((REPO / "book" / "slurm.md").read_text().split())
+    said = re.search(r"pins \((\S+) built with CUDA (\S+)\) has kernels for compute capabilities "
+                     r"(sm_\d+) to (sm_\d+)", text)
+    assert said, "book/slurm.md no longer says which GPUs the pinned PyTorch has kernels for"
+    arch = [a for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
+    assert said.groups() == (torch.__version__.split("+")[0], torch.version.cuda, arch[0], arch[-1])
+    assert "sm_70" not in arch and "sm_80" in arch and "sm_90" in arch  # V100 out, A100 and H100 in

@@ -87,6 +87,53 @@ def test_tensorflow_216_is_warned_about():
     assert any("Keras 3" in w for w in d.warnings)
 
 
+V100 = {"name": "Tesla V100-SXM2-32GB", "memory_gib": 31.7, "capability": "sm_70"}
+CU130_KERNELS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 2.14.1+cu130's arch list
+
+
+def test_gpus_in_the_allocation_that_pytorch_cannot_see_are_a_problem():
+    cpu_build = {"torch": "2.14.1+cpu", "torchvision": "0.29.1", "torch_cuda": None, "gpus": []}
+    d = diagnose(healthy(torch=cpu_build, gpu_env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}))
+    assert [p for p in d.problems if "the job has GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3)" in p and "CPU-only" in p]
+    # the same PyTorch without GPUs in the job is fine (a CPU job)
+    assert diagnose(healthy(torch=cpu_build, gpu_env={"CUDA_VISIBLE_DEVICES": ""})).usable
+
+
+def test_an_amd_node_needs_a_rocm_build():
+    cuda_build = {"torch": "2.14.1", "torchvision": "0.29.1", "torch_cuda": "13.0", "gpus": []}
+    d = diagnose(healthy(torch=cuda_build, gpu_env={"ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}))
+    assert any("ROCm build of PyTorch" in p and "CUDA 13.0 build" in p for p in d.problems), d.problems
+
+
+def test_a_gpu_the_build_has_no_kernels_for_is_a_problem():
+    """A V100 (sm_70) under a CUDA 13 wheel: the GPU is seen, its first kernel would fail."""
+    torch = {"torch": "2.14.1", "torchvision": "0.29.1", "torch_cuda": "13.0", "arch_list": CU130_KERNELS,
+             "gpus": [V100] * 4}
+    d = diagnose(healthy(torch=torch, gpu_env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}))
+    assert len([p for p in d.problems if "no kernel image" in p and "sm_70" in p]) == 4, d.problems
+    a100 = dict(A100, capability="sm_80")
+    assert diagnose(healthy(torch=dict(torch, gpus=[a100] * 4))).usable
+
+
+def test_tensorflow_216_is_a_problem_only_where_horovod_is_used():
+    tf216 = {"tensorflow": "2.16.1", "keras": "3.3.3"}
+    mwms = diagnose(healthy(tensorflow=tf216, job=Job(framework="tensorflow", dist="mwms")))
+    assert mwms.usable and any("not the 2.15" in w for w in mwms.warnings), mwms
+    horovod = diagnose(healthy(tensorflow=tf216, job=Job(framework="tensorflow", dist="horovod")))
+    assert any("Keras 3" in p for p in horovod.problems), horovod
+
+
+@pytest.mark.slow
+def test_the_doctor_in_a_gpu_step_whose_pytorch_sees_no_gpu():
+    """This machine's PyTorch (a CUDA build, no GPU here) in a step that was given two GPUs:
+    what a wrong wheel on a GPU node looks like."""
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu01", "SLURM_TASKS_PER_NODE": "1",
+           "SLURM_STEP_ID": "0", "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    out = _doctor(env, ["--framework", "pytorch", "--dist", "ddp"])
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "PROBLEM: the job has GPUs (CUDA_VISIBLE_DEVICES=0,1) but this PyTorch" in out.stdout, out.stdout
+
+
 def test_render_lists_the_job():
     facts = healthy(slurm=job())
     text = render(facts, diagnose(facts))
@@ -118,8 +165,11 @@ def test_doctor_on_this_machine():
 def test_doctor_inside_a_misconfigured_slurm_job():
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_NTASKS": "12",
            "SLURM_TASKS_PER_NODE": "4(x3)", "SLURM_GPUS_PER_NODE": "2", "SLURM_CPUS_PER_TASK": "2"}
-    out = _doctor(env, ["--dist", "none", "--loader-workers", "6"])  # the job's checks need no framework probe
-    assert out.returncode == 0, out.stderr
+    out = _doctor(env, ["--dist", "none", "--loader-workers", "6"])
+    # The job was given GPUs that this machine's PyTorch cannot see: that alone stops it.
+    assert out.returncode == 1, out.stderr
+    problems = [line for line in out.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert len(problems) == 1 and "the job has GPUs (SLURM_GPUS_PER_NODE=2)" in problems[0], out.stdout
     assert "3: gpu07,gpu08,gpu09" in out.stdout
     assert "gpu07:24242" in out.stdout
     assert "WARNING: tasks per node (4) differ from GPUs per node (2)" in out.stdout

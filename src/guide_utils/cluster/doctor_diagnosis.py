@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..runtime.slurm import SlurmJob
 from .doctor_facts import DEFAULT_LOADER_WORKERS, Facts
+from .doctor_gpus import gpu_problems
 from .doctor_probes import HOROVOD_BINDINGS
 
 # The versions the guide is tested with: Horovod 0.28.1 builds against TensorFlow 2.15 at most.
@@ -32,11 +33,12 @@ def diagnose(facts: Facts) -> Diagnosis:
     problems: list[str] = []
     job, probed = facts.job, facts.job.probes()
     if "torch" in probed:
-        problems += _torch_problems(facts)
+        problems += _torch_problems(facts) + gpu_problems(facts.torch, facts.gpu_env)
     if "tensorflow" in probed:
-        tf_problems = _tensorflow_problems(facts)
+        tf_problems, tf_warnings = _tensorflow_findings(facts)
         # The whole guide runs without TensorFlow, less chapter 8: only then a warning.
         (warnings if job.whole_guide else problems).extend(tf_problems)
+        warnings += tf_warnings
     if "horovod" in probed:
         hvd_problems, hvd_warnings = _horovod_findings(facts)
         problems += hvd_problems
@@ -58,15 +60,20 @@ def _torch_problems(facts: Facts) -> list[str]:
     return []
 
 
-def _tensorflow_problems(facts: Facts) -> list[str]:
+def _tensorflow_findings(facts: Facts) -> tuple[list[str], list[str]]:
+    """(problems, warnings) about TensorFlow. Its version matters only to Horovod, which
+    does not build against 2.16+ (Keras 3): without Horovod another version is a warning."""
     tf = facts.tensorflow
     if tf is None:
         return [f"TensorFlow does not import ({facts.errors.get('tensorflow', 'unknown error')}): the TensorFlow "
-                "chapters will not run; install tensorflow==2.15.1 (tensorflow-cpu without GPUs) and keras==2.15.0"]
-    if not tf["tensorflow"].startswith(EXPECTED["tensorflow"]):
+                "chapters will not run; install tensorflow==2.15.1 (tensorflow-cpu without GPUs) and keras==2.15.0"], []
+    if tf["tensorflow"].startswith(EXPECTED["tensorflow"]):
+        return [], []
+    if facts.job.needs_horovod:
         return [f"TensorFlow {tf['tensorflow']} is not {EXPECTED['tensorflow']}: Horovod 0.28.1 does not build "
-                "against 2.16+ (Keras 3); install tensorflow==2.15.1 and keras==2.15.0"]
-    return []
+                "against 2.16+ (Keras 3); install tensorflow==2.15.1 and keras==2.15.0"], []
+    return [], [f"TensorFlow {tf['tensorflow']} is not the {EXPECTED['tensorflow']} this guide is tested with "
+                "(it matters to Horovod only; this job does not use it)"]
 
 
 def _horovod_findings(facts: Facts) -> tuple[list[str], list[str]]:

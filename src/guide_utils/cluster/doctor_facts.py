@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from ..core.errors import GuideError
 from ..runtime.slurm import SlurmJob
+from .doctor_gpus import COUNTS, DEVICE_LISTS
 from .doctor_probes import HOROVOD_BINDINGS, PROBES, mpi_version, run_probes
 
 # The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
@@ -86,6 +87,7 @@ class Facts:
     slurm: SlurmJob | None = None
     loader_workers: int = DEFAULT_LOADER_WORKERS
     omp_num_threads: str | None = None
+    gpu_env: dict[str, str] = field(default_factory=dict)  # the variables that give this process GPUs
     job: Job = field(default_factory=Job)
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -102,7 +104,9 @@ def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_L
     job (if any)."""
     env = os.environ if env is None else env
     job = job or Job()
-    facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"), job=job)
+    gpu_vars = (*DEVICE_LISTS, *COUNTS)
+    facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"), job=job,
+                  gpu_env={k: env[k] for k in gpu_vars if k in env})
     for name, (result, error) in run_probes(job.probes()).items():
         setattr(facts, name, result)
         if error:

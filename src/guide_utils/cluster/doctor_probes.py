@@ -16,13 +16,19 @@ from typing import Any, Mapping
 PROBES = {
     "torch": """
 import json, torch, torchvision
-gpus = []
+gpus, arch = [], []
+try:  # the GPU architectures this build has kernels for (empty on CPU-only builds)
+    arch = torch.cuda.get_arch_list()
+except Exception:
+    pass
 if torch.cuda.is_available():
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        gpus.append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
+        gpus.append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                     "capability": "sm_%d%d" % torch.cuda.get_device_capability(i)})
 print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
-                  "torch_cuda": torch.version.cuda, "gpus": gpus}))
+                  "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip, "arch_list": arch,
+                  "gpus": gpus}))
 """,
     "tensorflow": """
 import json, os

@@ -22,7 +22,10 @@ def render(facts: Facts, diagnosis: Diagnosis) -> str:
     rows: list[tuple[str, str]] = [("host", facts.host), ("python", facts.python)]
     t = facts.torch
     if "torch" in probed:
-        rows += [("torch", f"{t['torch']} (CUDA {t['torch_cuda'] or 'none'})" if t else "not usable"),
+        t_ = t or {}
+        build = f"ROCm {t_['torch_hip']}" if t_.get("torch_hip") else f"CUDA {t_.get('torch_cuda') or 'none'}"
+        kernels = f"; kernels for {' '.join(t_['arch_list'])}" if t_.get("arch_list") else ""
+        rows += [("torch", f"{t['torch']} ({build}{kernels})" if t else "not usable"),
                  ("torchvision", t["torchvision"] if t else "not usable")]
     else:
         rows.append(("torch", skipped))

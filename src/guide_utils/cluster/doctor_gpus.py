@@ -1,0 +1,79 @@
+"""The doctor on a GPU node: GPUs the job was given that this PyTorch cannot use.
+
+Two ways a GPU job silently trains on the CPU or fails at its first kernel: a PyTorch build
+for no GPU, or for the other vendor (the allocation names GPUs, ``torch.cuda`` sees none),
+and a CUDA build without kernels for the GPU's architecture (recent CUDA wheels leave out
+sm_70 and older: V100, P100), which fails with "no kernel image is available".
+
+>>> allocated({"CUDA_VISIBLE_DEVICES": "0,1"})
+'CUDA_VISIBLE_DEVICES=0,1'
+>>> allocated({"SLURM_GPUS_ON_NODE": "0", "CUDA_VISIBLE_DEVICES": ""}) is None
+True
+>>> runs_on("sm_86", ["sm_80", "sm_90"]), runs_on("sm_70", ["sm_75", "sm_80"]), runs_on("sm_70", ["compute_60"])
+(True, False, True)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+# Variables that give a process GPUs: device lists (launchers and Slurm's GRES plugin set
+# them), then Slurm's counts. The first that names a GPU is the one the message quotes.
+DEVICE_LISTS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "SLURM_STEP_GPUS",
+                "SLURM_JOB_GPUS")
+COUNTS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_NODE", "SLURM_GPUS")
+AMD = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+WHERE = "the Slurm chapter's 'Which PyTorch for which GPU'"
+
+
+def allocated(env: Mapping[str, str]) -> str | None:
+    """``NAME=value`` of the first variable that gives this process a GPU; None if none does."""
+    for name in DEVICE_LISTS:
+        value = env.get(name, "").strip()
+        if value and value not in ("-1", "NoDevFiles"):
+            return f"{name}={value}"
+    for name in COUNTS:  # "4", "gpu:4", "v100:4", "gpu:a100:2(x2)": any count above zero
+        value = env.get(name, "").strip()
+        if any(int(n) > 0 for n in re.findall(r"(?:^|[:,])(\d+)", value)):
+            return f"{name}={value}"
+    return None
+
+
+def runs_on(capability: str, arch_list: list[str]) -> bool:
+    """Whether a CUDA build for ``arch_list`` has kernels for a GPU of ``capability`` (sm_XY):
+    its own binary, one of the same major and an older minor, or PTX of an older capability
+    that the driver compiles."""
+    major, minor = int(capability[3:-1]), int(capability[-1])
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        if not number.isdigit():
+            continue
+        a_major, a_minor = int(number[:-1]), int(number[-1])
+        if kind == "sm" and a_major == major and a_minor <= minor:
+            return True
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return True
+    return False
+
+
+def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str]) -> list[str]:
+    """Problems: GPUs in the allocation that this PyTorch (the torch probe's facts) cannot use."""
+    if torch is None:
+        return []
+    problems = []
+    given = allocated(env)
+    if given and not torch.get("gpus"):
+        build = (f"ROCm {torch['torch_hip']}" if torch.get("torch_hip") else
+                 f"CUDA {torch['torch_cuda']}" if torch.get("torch_cuda") else "CPU-only")
+        wanted = "a ROCm build of PyTorch" if given.split("=")[0] in AMD else "a PyTorch built for these GPUs"
+        problems.append(f"the job has GPUs ({given}) but this PyTorch {torch['torch']} ({build} build) sees none, so "
+                        f"it would train on the CPU; install {wanted} or load the site's PyTorch module ({WHERE})")
+    arch = torch.get("arch_list") or []
+    for index, gpu in enumerate(torch.get("gpus") or []):
+        cap = gpu.get("capability")
+        if cap and arch and not torch.get("torch_hip") and not runs_on(cap, arch):
+            problems.append(f"GPU {index} ({gpu['name']}, {cap}) is not among this PyTorch's CUDA architectures "
+                            f"({' '.join(arch)}): its first kernel fails with 'no kernel image is available'; "
+                            f"install a PyTorch built for {cap} (an older CUDA's index) or the site's module ({WHERE})")
+    return problems
