@@ -125,13 +125,15 @@ def test_tensorflow_216_is_a_problem_only_where_horovod_is_used():
 
 @pytest.mark.slow
 def test_the_doctor_in_a_gpu_step_whose_pytorch_sees_no_gpu():
-    """This machine's PyTorch (a CUDA build, no GPU here) in a step that was given two GPUs:
-    what a wrong wheel on a GPU node looks like."""
+    """A step that was given two GPUs this PyTorch cannot use: what a wrong wheel on a GPU
+    node looks like. The two GPUs are named by UUIDs no device has, so that PyTorch sees none
+    on any machine, with or without GPUs (CUDA stops at the first unknown entry)."""
+    gpus = "GPU-00000000-0000-0000-0000-000000000000,GPU-00000000-0000-0000-0000-000000000001"
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu01", "SLURM_TASKS_PER_NODE": "1",
-           "SLURM_STEP_ID": "0", "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+           "SLURM_STEP_ID": "0", "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": gpus}
     out = _doctor(env, ["--framework", "pytorch", "--dist", "ddp"])
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "PROBLEM: the job has GPUs (CUDA_VISIBLE_DEVICES=0,1) but this PyTorch" in out.stdout, out.stdout
+    assert f"PROBLEM: the job has GPUs (CUDA_VISIBLE_DEVICES={gpus}) but this PyTorch" in out.stdout, out.stdout
 
 
 def test_render_lists_the_job():
@@ -164,7 +166,8 @@ def test_doctor_on_this_machine():
 @pytest.mark.slow
 def test_doctor_inside_a_misconfigured_slurm_job():
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_NTASKS": "12",
-           "SLURM_TASKS_PER_NODE": "4(x3)", "SLURM_GPUS_PER_NODE": "2", "SLURM_CPUS_PER_TASK": "2"}
+           "SLURM_TASKS_PER_NODE": "4(x3)", "SLURM_GPUS_PER_NODE": "2", "SLURM_CPUS_PER_TASK": "2",
+           "CUDA_VISIBLE_DEVICES": ""}  # PyTorch sees no GPU, on a GPU machine too
     out = _doctor(env, ["--dist", "none", "--loader-workers", "6"])
     # The job was given GPUs that this machine's PyTorch cannot see: that alone stops it.
     assert out.returncode == 1, out.stderr

@@ -185,9 +185,9 @@ class EngineCluster:
             self._finalizer()
 
     def _log_dir(self) -> Path:
-        from .sites import guide_root
+        from ..core.paths import repo_root
 
-        d = self.log_dir or Path(os.environ.get("GUIDE_LOG_DIR") or guide_root() / "logs")
+        d = self.log_dir or Path(os.environ.get("GUIDE_LOG_DIR") or repo_root() / "logs")
         d.mkdir(parents=True, exist_ok=True)
         return d.resolve()
 

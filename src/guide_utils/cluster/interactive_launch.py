@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from ..core.errors import GuideError
+from ..core.paths import pythonpath
 from ..runtime.ports import LOOPBACK
-from . import watchdog
 
 
 def require_ipyparallel():
@@ -72,7 +72,7 @@ def engine_environment(engines: str, n: int) -> dict[str, str]:
     engines have no core to spare (the kernel and the controller share the node with them),
     OpenMPI yields while it waits instead of spinning: changes no number, and on two cores
     halved the time of a 2-engine Horovod run."""
-    env = {"PYTHONPATH": watchdog._pythonpath(), "PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONPATH": pythonpath(), "PYTHONUNBUFFERED": "1"}
     if engines == "mpi":
         from ..runtime.launch import environment
 

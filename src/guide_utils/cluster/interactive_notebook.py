@@ -47,7 +47,8 @@ def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = Non
     print(textwrap.fill(f"{describe(PlannedRun('interactive', n, settings), profile)}; --dist {cfg.dist}", 100,
                         initial_indent="    ", subsequent_indent="        "))
     if engines == "slurm" or site:
-        from .sites import engines_batch_script, guide_root, read_site
+        from ..core.paths import repo_root
+        from .sites import engines_batch_script, read_site
 
         s = read_site(site)
         script = engines_batch_script(s, n, walltime=walltime, log="logs/ipengine-<cluster>-%j.out",
@@ -55,7 +56,7 @@ def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = Non
         script = script.format(cluster_id="<cluster>", program_and_args="python -m ipyparallel.engine --mpi ...")
         shown = Path(s.file).resolve()
         with contextlib.suppress(ValueError):  # a profile of the repository: its path in it
-            shown = shown.relative_to(guide_root().resolve())
+            shown = shown.relative_to(repo_root().resolve())
         print(f"    the engines' batch script (site {s.name}, {shown}; <repo>: this repository):")
-        script = script.replace(str(guide_root().resolve()), "<repo>")
+        script = script.replace(str(repo_root().resolve()), "<repo>")
         print("\n".join("  | " + line for line in script.splitlines()))

@@ -36,10 +36,6 @@ for x in ${GUIDE_SBATCH_EXTRA[@]+"${GUIDE_SBATCH_EXTRA[@]}"}; do printf 'GUIDE_S
 """
 
 
-# The repository (where ``slurm_examples/`` is): $GUIDE_ROOT, else this checkout.
-guide_root = repo_root
-
-
 @dataclass(frozen=True)
 class Site:
     file: str
@@ -74,7 +70,7 @@ def read_site(site: str | None = None) -> Site:
     site = site or os.environ.get("GUIDE_SITE")
     if not site:
         raise GuideError("no site profile: pass site='NAME' (one of slurm_examples/sites/) or set GUIDE_SITE")
-    root = guide_root()
+    root = repo_root()
     env = {**os.environ, "GUIDE_ROOT": str(root), "GUIDE_SITE": site}
     script = f"VALUES=({' '.join(VALUES)})\n{_DUMP}"
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=60)
@@ -139,7 +135,7 @@ def engines_batch_script(site: Site, n: int, *, walltime: str, log: str, control
 # ipyparallel engines for a notebook (guide_utils.cluster.interactive)
 # site profile: {site.file}
 set -euo pipefail
-export GUIDE_ROOT={shlex.quote(str(guide_root()))} GUIDE_SITE={shlex.quote(site.file)}
+export GUIDE_ROOT={shlex.quote(str(repo_root()))} GUIDE_SITE={shlex.quote(site.file)}
 # shellcheck source=/dev/null
 source "$GUIDE_ROOT/slurm_examples/lib/guide.sh"
 guide_load_site

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..core.paths import import_root
+from ..core.paths import pythonpath
 
 CLUSTER_VAR = "IPP_CLUSTER_ID"  # ipyparallel puts it in the environment of everything it starts
 
@@ -124,12 +124,7 @@ def start_reaper(state_file: Path) -> "subprocess.Popen":
     cmd = [sys.executable, "-m", "guide_utils.cluster.watchdog", "reaper", str(me.pid), repr(me.create_time()),
            str(state_file)]
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
-
-
-def _pythonpath() -> str:
-    here = str(import_root())  # this same copy of guide_utils, installed or not
-    return os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": pythonpath()})
 
 
 def reachable(host: str, port: int, timeout: float = 3.0) -> bool:

@@ -105,7 +105,7 @@ def to_config(args: Mapping[str, Any] | argparse.Namespace) -> TrainConfig:
     values = dict(vars(args) if isinstance(args, argparse.Namespace) else args)
     profile = values.pop("profile", "full")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    return make_config(profile, **{k: v for k, v in values.items() if k in fields and v is not None})
+    return make_config(profile, **{k: v for k, v in values.items() if k in fields})  # None: not given
 
 
 def config_from_argv(argv: list[str] | None, parser: ArgumentParser | None = None) -> TrainConfig:

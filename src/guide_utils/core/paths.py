@@ -44,6 +44,12 @@ def import_root() -> Path:
     return package_dir().parent
 
 
+def pythonpath() -> str:
+    """PYTHONPATH for a child process that must import this same copy of ``guide_utils``
+    (installed or not): :func:`import_root` first, then the caller's PYTHONPATH."""
+    return os.pathsep.join(p for p in (str(import_root()), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def _checkout(start: Path) -> Path | None:
     """The nearest folder above ``start`` that holds the repository's marker."""
     return next((d for d in start.parents if (d / MARKER).is_file()), None)

@@ -11,11 +11,10 @@ import datetime as _dt
 import json
 import os
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..core.paths import package_dir, packaged
+from ..core.paths import packaged
 
 
 def provenance(**extra: Any) -> dict[str, Any]:
@@ -24,11 +23,8 @@ def provenance(**extra: Any) -> dict[str, Any]:
 
     from ..results.plots import hardware_label
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=package_dir(), timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    from ..studies.study_csv import commit
+
     try:
         import horovod
 
@@ -37,7 +33,7 @@ def provenance(**extra: Any) -> dict[str, Any]:
         hv = None
     return {"kind": "provenance", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "hardware": hardware_label(), "load_avg_1min": round(os.getloadavg()[0], 2),
-            "commit": commit, "python": platform.python_version(), "torch": torch.__version__, "horovod": hv, **extra}
+            "commit": commit(), "python": platform.python_version(), "torch": torch.__version__, "horovod": hv, **extra}
 
 
 def write(path: str | Path, first: dict[str, Any], rows: Iterable[dict[str, Any]]) -> Path:
