@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("build", type=Path, help="the _build folder (with html/ in it)")
     p.add_argument("--screenshots", type=Path, help="where the screenshots go (default: BUILD/screenshots)")
     args = p.parse_args(argv)
+    args.build = args.build.resolve()  # file:// URIs need an absolute path (make book passes _build)
     html = args.build / "html"
     why = have_browser()
     if why:

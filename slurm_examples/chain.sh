@@ -28,15 +28,17 @@ for arg in ${train_args[@]+"${train_args[@]}"}; do
         die "do not pass $arg to chain.sh: job i trains to epoch i*EPOCHS_PER_JOB in one shared checkpoint folder"
 done
 
-# One checkpoint folder for the whole chain (each job has its own job id).
+# One checkpoint folder for the whole chain (each job has its own job id); the jobs find it
+# in their environment (submit.sh passes it on with --export=ALL).
 ckpt=${GUIDE_CHECKPOINT_ROOT:-$(cd "$here/.." && pwd)/checkpoints}/chain-$(date +%Y%m%d-%H%M%S)-$$
+export GUIDE_CHAIN_CHECKPOINTS=$ckpt
 echo "checkpoints: $ckpt"
 prev=""
 for ((i = 1; i <= jobs; i++)); do
     dep=()
     [[ -z $prev ]] || dep=(--dependency="afterok:$prev")
     prev=$("$here/submit.sh" "$script" --parsable ${dep[@]+"${dep[@]}"} ${sbatch_opts[@]+"${sbatch_opts[@]}"} \
-           -- ${train_args[@]+"${train_args[@]}"} --epochs $((i * chunk)) --checkpoint-dir "$ckpt")
+           -- ${train_args[@]+"${train_args[@]}"} --epochs $((i * chunk)))
     prev=${prev%%;*}  # --parsable prints "jobid[;cluster]"
     echo "job $i/$jobs: $prev (to epoch $((i * chunk)))"
 done

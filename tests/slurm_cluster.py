@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import socket
 import subprocess
 import threading
@@ -36,9 +37,13 @@ from pathlib import Path
 from guide_utils.runtime.ports import free_ports
 
 NODES = ("guide-n1", "guide-n2")
-# More CPUs than the machine has (slurmd is told to believe the config): the test jobs
-# mostly wait, and several at once keep the two real cores busy.
-CPUS_PER_NODE = 8
+# Fake GPUs per node: GRES on placeholder device files (no driver behind them), so that
+# --gres=gpu:N, --gpus-per-node and --gpus-per-task allocations are really made and Slurm
+# sets CUDA_VISIBLE_DEVICES per step and task as on a GPU cluster.
+GPUS_PER_NODE = 4
+# Jobs that may share one CPU: the nodes have the machine's real CPUs (so task/affinity's
+# binding is real), and the test jobs, which mostly wait, run several at once on them.
+OVERSUBSCRIBE = 8
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED", "SPECIAL_EXIT"}
 PACKAGES = ("slurm-wlm", "munge")
@@ -66,6 +71,26 @@ def ensure_installed() -> None:
         if out.returncode != 0:
             tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
             raise SlurmUnavailable(f"Slurm and munge are missing and `{' '.join(cmd)}` failed: {tail}")
+
+
+def hardware_layout() -> str:
+    """The node description slurmd detects on this machine (``slurmd -C``: CPUs, boards,
+    sockets, cores, threads), so that the CPU ids Slurm binds tasks to exist. Fewer than two
+    CPUs cannot host the tests' two-task jobs, and a process restricted to a subset of the
+    CPUs (a container's cpuset) would have Slurm bind tasks to CPUs it may not use."""
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True)
+    fields = dict(re.findall(r"(\w+)=(\S+)", out.stdout))
+    keys = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
+    if out.returncode != 0 or not all(k in fields for k in keys):
+        raise SlurmStartError(f"`slurmd -C` did not describe this machine: {(out.stdout + out.stderr).strip()[:300]}")
+    cpus = int(fields["CPUs"])
+    usable = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        raise SlurmUnavailable(f"the test Slurm needs at least 2 CPUs (this machine has {cpus})")
+    if usable != cpus:
+        raise SlurmUnavailable(f"this process may use {usable} of the machine's {cpus} CPUs (a restricted cpuset): "
+                               "Slurm would bind test jobs to CPUs they cannot use")
+    return " ".join(f"{k}={fields[k]}" for k in keys)
 
 
 def _tcp_listeners() -> dict[int, tuple[str, int]]:
@@ -167,8 +192,9 @@ class SlurmCluster:
         self._wait_for(sock.exists, 20, "munged did not create its socket")
         ctld_port, *node_ports = free_ports(1 + len(NODES))
         host = socket.gethostname().split(".")[0]
-        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} "
-                          f"RealMemory=4000 State=UNKNOWN" for n, p in zip(NODES, node_ports))
+        layout = hardware_layout()
+        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} {layout} RealMemory=4000 "
+                          f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n, p in zip(NODES, node_ports))
         self.conf.write_text(f"""\
 ClusterName=guideci
 SlurmctldHost={host}(127.0.0.1)
@@ -183,8 +209,6 @@ CredType=cred/munge
 # Listen on the address this host's name resolves to (127.0.0.1 in the daemons' hosts
 # file), not on every interface: slurmctld, slurmd, slurmstepd and srun alike.
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
-# Believe CPUs= below rather than the two cores slurmd counts: several jobs at once.
-SlurmdParameters=config_overrides
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool-%n
 SlurmctldPidFile={r}/slurmctld.pid
@@ -194,9 +218,13 @@ SlurmdLogFile={r}/log/slurmd-%n.log
 # PMIx keeps per-step files under TmpFS: one folder per node, as two nodes share this disk.
 TmpFS={r}/tmpfs-%n
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# Tasks are bound to the CPUs Slurm allocates them (sched_setaffinity), as on a real
+# cluster: a step that did not get --cpus-per-task really gets fewer CPUs.
+TaskPlugin=task/affinity
+GresTypes=gpu
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+# CPUs (hardware threads) are the unit, so a machine with SMT still fits two tasks per core.
+SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
@@ -210,8 +238,9 @@ InactiveLimit=0
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 {nodes}
-PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:{OVERSUBSCRIBE}
 """)
+        self._fake_gpus()
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)], "slurmctld")
         for n in NODES:
             self._spawn(["slurmd", "-D", "-f", str(self.conf), "-N", n], f"slurmd-{n}")
@@ -220,6 +249,20 @@ PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
         self._sampler = threading.Thread(target=self._sample_listeners, daemon=True)
         self._sampler.start()
         return self
+
+    def _fake_gpus(self) -> None:
+        """gres.conf: GPUs from character-device files of the NVIDIA driver's major number
+        in this cluster's folder (slurmd refuses regular files); nothing opens them."""
+        lines = ["AutoDetect=off"]
+        for n in NODES:
+            d = self.root / f"dev-{n}"
+            d.mkdir(exist_ok=True)
+            for i in range(GPUS_PER_NODE):
+                f = d / f"nvidia{i}"
+                if not f.exists():
+                    os.mknod(f, 0o600 | stat.S_IFCHR, os.makedev(195, i))
+            lines.append(f"NodeName={n} Name=gpu File={d}/nvidia[0-{GPUS_PER_NODE - 1}]")
+        (self.root / "gres.conf").write_text("\n".join(lines) + "\n")
 
     def stop(self) -> None:
         self._sampling.set()

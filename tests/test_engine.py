@@ -165,6 +165,19 @@ def test_preempted_then_resumed_equals_unbroken(tmp_path):
     assert _summary(tmp_path / "b")["weights_digests"] == _summary(tmp_path / "a")["weights_digests"]
 
 
+def test_without_checkpoints_sigterm_still_stops_the_run(tmp_path):
+    """Signals are caught only where a checkpoint can be saved: a run without
+    --checkpoint-dir dies of SIGTERM (scancel, the time limit) at once, during start-up too,
+    rather than training on unseen."""
+    cmd = [*TRAIN, "--epochs", "200", "--results-dir", "r"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=tmp_path)
+    time.sleep(0.3)  # still importing torch
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, f"exit {proc.returncode}\n{out}\n{err}"
+
+
 LAUNCHERS = {
     "horovod-gloo": lambda n: [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo"],
     "horovod-mpi": lambda n: ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none",

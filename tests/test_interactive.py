@@ -107,7 +107,16 @@ def test_the_engines_batch_script_comes_from_the_site_profile(tmp_path):
                  "#SBATCH --time=00:30:00", "guide_load_site", "guide_software",
                  '"${GUIDE_EXEC[@]}" python -m guide_utils.cluster.watchdog controller login1 40123 5 3 &']:
         assert line in text.splitlines(), f"{line!r} not in\n{text}"
-    assert f'srun --kill-on-bad-exit=1 --mpi={site.srun_mpi} "${{GUIDE_EXEC[@]}}" python -m ipyparallel.engine' in text
+    assert "GUIDE_DIST=horovod GUIDE_LAUNCH=tasks" in text.splitlines()
+    assert text.splitlines()[-1] == 'srun "${GUIDE_SRUN_TASKS[@]}" python -m ipyparallel.engine --mpi'
+    # ... which are the training's srun options: the site's MPI plugin, its srun options, the
+    # software prefix (lib/guide.sh's guide_task_options, run here outside a job).
+    probe = ('source slurm_examples/lib/guide.sh; guide_load_site; GUIDE_EXEC=(); GUIDE_DIST=horovod '
+             'GUIDE_LAUNCH=tasks; guide_task_options; printf "%s\\n" "${GUIDE_SRUN_TASKS[@]}"')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=REPO,
+                         env={**env, "GUIDE_ROOT": str(REPO), "GUIDE_SITE": "thesis-taito"})
+    assert out.stdout.split() == ["--kill-on-bad-exit=1", f"--mpi={site.srun_mpi}"], out.stderr
     (tmp_path / "engines.sbatch").write_text(text)
     out = subprocess.run(["shellcheck", str(tmp_path / "engines.sbatch")], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout

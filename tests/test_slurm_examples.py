@@ -58,14 +58,48 @@ class Job:
     full_scratch: bool = False  # GUIDE_CI_SCRATCH is a 512 KiB tmpfs
     usr1_after_epoch: bool = False  # scancel --signal=USR1 --batch once the first epoch is logged
     site: str | None = "ci"  # None: GUIDE_SITE unset; "incomplete": ci.sh without its GUIDE_SCRATCH line
+    profile: str = ""  # lines added at the end of (a copy of) the CI profile
+    like: str | None = None  # a shipped site profile whose GPU request and srun options the job uses
     full_doctor: bool = False  # GUIDE_DOCTOR=full: the job's doctor probes the frameworks (else --quick)
 
 
-# The direct-launch jobs: a batch script that runs the training itself, no launcher.
+# Batch scripts the tests write. direct_*: one that runs the training itself, no launcher.
 DIRECT = """#!/bin/bash
 #SBATCH --job-name=direct_{dist}
 exec "{python}" -m guide_utils.train --profile smoke --dist {dist} --epochs 1 --results-dir "{results}"
 """
+# The per-task check (task-probe | doctor --tasks) on steps laid out as a site would, bare:
+# each step's report and exit status, between markers, in the log.
+PROBES = """#!/bin/bash
+#SBATCH --job-name={name}
+{sbatch}
+check() {{
+    echo "== check: $1"; shift
+    srun "$@" "{python}" -m guide_utils task-probe | "{python}" -m guide_utils doctor --tasks -
+    echo "== status $?"
+}}
+{steps}
+"""
+BINDING = {
+    # Two nodes, one task of two CPUs each. srun on Slurm 22.05-23.02 does not take the job's
+    # --cpus-per-task: with per-task binding (--cpu-bind=cores) a task gets one CPU, unless
+    # SRUN_CPUS_PER_TASK is exported (what guide.sh does in every job).
+    "probes_cpus": ("#SBATCH --nodes=2 --ntasks-per-node=1 --cpus-per-task=2", """
+check "cpus without SRUN_CPUS_PER_TASK" --cpu-bind=cores
+export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+check "cpus with SRUN_CPUS_PER_TASK" --cpu-bind=cores
+"""),
+    # Two tasks and two fake GPUs on one node: Slurm's GRES plugin sets CUDA_VISIBLE_DEVICES
+    # per step (all of the step's GPUs) or per task (--gpus-per-task); the ranks must not share.
+    "probes_gpus": ("#SBATCH --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --gres=gpu:2", """
+check "per-node gpus"
+check "per-task gpus" --gpus-per-task=1
+check "one gpu for two ranks" --gres=gpu:1
+echo "== check: doctor in a gpu step"
+srun --ntasks=1 "{python}" -m guide_utils doctor --framework pytorch --dist ddp --profile smoke
+echo "== status $?"
+"""),
+}
 
 ARRAYS = {
     "04_naive_scaling.sbatch": [(32, "none", "none"), (64, "none", "none"), (128, "none", "none")],
@@ -100,19 +134,34 @@ JOBS: dict[str, Job] = {
         Job("01_single_gpu_baseline.sbatch", via="chain", train=SHORT),
     **{f"test_tensorflow[{dist}]": Job(script, sbatch=sbatch, broken_horovod=dist == "mwms", full_doctor=dist == "mwms")
        for script, dist, sbatch, _ in TENSORFLOW},
+    # torchrun is warned like 01 (USR1 to the batch shell): its workers must still checkpoint.
     **{f"test_multi_node[{launcher}]": Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": launcher},
-                                           broken_horovod=dist == "ddp", full_doctor=True)
+                                           broken_horovod=dist == "ddp", full_doctor=True,
+                                           usr1_after_epoch=launcher == "torchrun")
        for launcher, dist in MULTI_NODE},
     "test_one_node_data_parallel[horovod]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "horovod"},
                                                  comma_path=True),
     "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"},
-                                             broken_horovod=True, full_doctor=True),
+                                             broken_horovod=True, full_doctor=True, usr1_after_epoch=True),
+    # Binding: the per-task check on bare steps, and a job whose site binds tasks to cores.
+    **{f"test_{name}": Job(name, via="sbatch") for name in ("probes_cpus", "probes_gpus")},
+    "test_each_task_gets_the_cpus_the_job_asked_for":
+        Job("01_single_gpu_baseline.sbatch", train=("--epochs", "1", *SHORT),
+            profile="GUIDE_TASKS_PER_NODE=1 GUIDE_CPUS_PER_TASK=2 GUIDE_SRUN_ARGS=(--cpu-bind=cores)\n"),
+    # Sites' GPU syntax on the test Slurm's fake GPUs (the training itself runs on the CPUs).
+    "test_a_site_profile_runs_on_fake_gpus[puhti-like]":
+        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun-ddp"}, like="puhti-like", broken_horovod=True),
+    "test_a_site_profile_runs_on_fake_gpus[perlmutter-like]":
+        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "torchrun"}, like="perlmutter-like",
+            broken_horovod=True),
     # The arrays run on one node (two workers per task): what they add to 03 is the array,
     # one run per task; their srun --mpi line is 03's, which runs on both nodes.
     # Two tasks of each array (the first and the last: --array on the command line overrides
     # the script's), enough to show that the task id picks the run.
+    # 05 runs DDP (DIST=ddp) with a broken Horovod: no script needs Horovod.
     **{f"test_job_array_writes_one_record_per_task[{script[:2]}]":
-       Job(script, sbatch=("--nodes=1", f"--array=0,{len(tasks) - 1}"), train=("--epochs", "1", *SHORT))
+       Job(script, sbatch=("--nodes=1", f"--array=0,{len(tasks) - 1}"), train=("--epochs", "1", *SHORT),
+           env={"DIST": "ddp"} if script.startswith("05") else {}, broken_horovod=script.startswith("05"))
        for script, tasks in ARRAYS.items()},
 }
 
@@ -142,6 +191,8 @@ class Submission:
             incomplete.write_text("".join(line for line in (EXAMPLES / "sites/ci.sh").read_text().splitlines(True)
                                           if not line.startswith("GUIDE_SCRATCH=")))
             self.env["GUIDE_SITE"] = str(incomplete)
+        elif job.profile or job.like:
+            self.env["GUIDE_SITE"] = str(self._profile(job))
         elif job.site:
             self.env["GUIDE_SITE"] = job.site
         self.repo = REPO
@@ -151,6 +202,26 @@ class Submission:
             self.repo = tmp / "a,b" / "repo"
         self.ids: list[str] = []
         self.usr1_sent = False
+
+    def _profile(self, job: Job) -> Path:
+        """The CI profile with the test's changes: ``profile`` lines, and for ``like`` the named
+        site's GPU request (GPU type and other GRES left out: the test Slurm's fake GPUs have
+        no type) and srun options, on the test Slurm's CPUs."""
+        text = (EXAMPLES / "sites/ci.sh").read_text()
+        if job.like:
+            site = f'set +u; source "$GUIDE_ROOT/slurm_examples/sites/{job.like}.sh" >/dev/null'
+            text = f"""\
+# {job.like}'s GPU request and srun options, read in a subshell: nothing else of that site
+# (its paths, modules, exports) applies here. -g: this file is sourced inside a function.
+site_gpus=$({site}; sed -E 's/gpu:[[:alnum:]_]+:/gpu:/; s/,[[:alnum:]_]+:[0-9]+//g' <<<"$GUIDE_GPU_REQUEST")
+site_srun=$({site}; declare -p GUIDE_SRUN_ARGS 2>/dev/null || echo "declare -a GUIDE_SRUN_ARGS=()")
+{text}
+GUIDE_GPU_REQUEST=$site_gpus
+eval "${{site_srun/declare -a/declare -ga}}"
+"""
+        path = self.tmp / "site.sh"
+        path.write_text(text + job.profile)
+        return path
 
     def submit(self) -> None:
         job, examples = self.job, self.repo / "slurm_examples"
@@ -165,10 +236,15 @@ class Submission:
             assert len(self.ids) == 2, out
         else:
             script = examples / job.script
+            python = REPO / ".venv/bin/python"
             if job.script.startswith("direct_"):
                 script = self.tmp / f"{job.script}.sbatch"
-                script.write_text(DIRECT.format(dist=job.script.split("_")[1], python=REPO / ".venv/bin/python",
-                                                results=self.results))
+                script.write_text(DIRECT.format(dist=job.script.split("_")[1], python=python, results=self.results))
+            elif job.script in BINDING:
+                script = self.tmp / f"{job.script}.sbatch"
+                sbatch, steps = BINDING[job.script]
+                script.write_text(PROBES.format(name=job.script, sbatch=sbatch, python=python,
+                                                steps=steps.format(python=python)))
             self.logs.mkdir()
             self.ids = [self._run(["sbatch", "--parsable", f"--output={self.logs}/%x-%j.out", str(script)])]
 
@@ -270,6 +346,17 @@ def jobs(batch, request) -> Submission:
     return batch.get(request.node.name)
 
 
+def _requeued_and_resumed(jobs: Submission, records: list[dict], run) -> None:
+    """Warned once (USR1 after the first epoch): the training processes checkpointed, the job
+    requeued itself and the next start resumed, in one run record."""
+    assert jobs.usr1_sent, f"the job finished before it could be warned\n{jobs.log(3000)}"
+    assert all(int(r["Restarts"]) >= 1 for r in records), f"the job was never requeued\n{jobs.log(3000)}"
+    log = jobs.log()
+    assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log, \
+        log[-3000:]
+    assert [e for e in run.events if e["type"] == "resume"], "no resume recorded"
+
+
 def _finished(run, epochs: int = 2) -> None:
     assert run.epochs["epoch"].tolist() == list(range(1, epochs + 1)), run.path
     assert run.summary is not None and run.summary["completed_epochs"] == epochs, run.path
@@ -355,10 +442,12 @@ def test_one_node_data_parallel(jobs, dist):
     """DDP runs where Horovod is broken (the doctor checks what the job uses); the Horovod
     job is submitted through a repository path with a comma (GUIDE_ROOT is exported, not
     passed in --export=ALL,NAME=value, where a comma splits it)."""
-    jobs.wait_completed()
+    records = jobs.wait_completed()
     (run,) = jobs.runs()
     _finished(run)
     assert (run.config["dist"], run.environment["workers"]) == (dist, 2)
+    if jobs.job.usr1_after_epoch:
+        _requeued_and_resumed(jobs, records, run)
     if jobs.job.comma_path:
         assert f"== site ci ({jobs.repo}/slurm_examples/sites/ci.sh)" in jobs.log()
 
@@ -366,9 +455,11 @@ def test_one_node_data_parallel(jobs, dist):
 @pytest.mark.parametrize("launcher", [launcher for launcher, _ in MULTI_NODE])
 def test_multi_node(jobs, launcher):
     dist = dict(MULTI_NODE)[launcher]
-    jobs.wait_completed()
+    records = jobs.wait_completed()
     (run,) = jobs.runs()
     _finished(run)
+    if jobs.job.usr1_after_epoch:
+        _requeued_and_resumed(jobs, records, run)
     assert (run.config["dist"], run.environment["workers"]) == (dist, 4)
     assert sorted(run.environment["slurm"]["nodes"]) == list(NODES)
     log = jobs.log()  # the job printed its configuration and the doctor's report before staging
@@ -390,6 +481,7 @@ def test_job_array_writes_one_record_per_task(jobs, script):
         _finished(run, 1)
     got = sorted((r.config["per_worker_batch"], r.config["lr_scaling"], r.config["warmup"]) for r in runs)
     assert got == expected
+    assert {r.config["dist"] for r in runs} == {jobs.job.env.get("DIST", "horovod")}
 
 
 @pytest.mark.parametrize("dist", [dist for _, dist, _, _ in TENSORFLOW])
@@ -439,7 +531,8 @@ def test_a_job_without_guide_site_stops_at_its_first_line(jobs):
     log = jobs.wait_failed_at_start()
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: GUIDE_SITE is not set; export GUIDE_SITE=NAME"), log
-    assert "ci, gpus-per-node-apptainer, thesis-taito" in errors[0] and "== site" not in log
+    assert "ci, gpus-per-node-apptainer, lumi-like, perlmutter-like, puhti-like, thesis-taito" in errors[0]
+    assert "== site" not in log
 
 
 @pytest.mark.parametrize("dist", ["horovod", "ddp"])
@@ -491,3 +584,61 @@ def test_jobs_listen_on_loopback_where_it_can_be_configured(batch, cluster):
     unexpected = [s for s in exposed if s[1] not in HARD_CODED_ANY]
     assert not unexpected, [(s, cluster.listener_pids.get(s)) for s in unexpected]
     print("hard-coded wildcard listeners:", sorted({(c, kind) for c, kind, _, _ in exposed}))
+
+
+# -- CPUs and GPUs as the training processes see them ------------------------------------------
+
+def _checks(log: str) -> dict[str, tuple[int, str]]:
+    """The probe jobs' checks: name -> (exit status, what the check printed)."""
+    found = re.findall(r"^== check: ([^\n]+)\n(.*?)^== status (\d+)$", log, re.M | re.S)
+    return {name: (int(status), text) for name, text, status in found}
+
+
+def _problems(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("PROBLEM")]
+
+
+def test_probes_cpus(jobs):
+    """task/affinity binds for real: without SRUN_CPUS_PER_TASK each task of a two-CPU job
+    gets one CPU under --cpu-bind=cores, and the per-task check says so; with it, two."""
+    jobs.wait_completed()
+    checks = _checks(jobs.log())
+    status, text = checks["cpus without SRUN_CPUS_PER_TASK"]
+    assert status == 1 and len(_problems(text)) == 2 and all("SRUN_CPUS_PER_TASK" in p for p in _problems(text)), text
+    status, text = checks["cpus with SRUN_CPUS_PER_TASK"]
+    assert status == 0 and not _problems(text), text
+
+
+def test_probes_gpus(jobs):
+    """The fake GPUs are really allocated: per-step and per-task lists give each rank its
+    own GPU (the one the engine's rule picks); two ranks on one GPU is a PROBLEM; and the
+    doctor in a GPU step says that this PyTorch sees none of the job's GPUs."""
+    jobs.wait_completed()
+    checks = _checks(jobs.log())
+    for name in ("per-node gpus", "per-task gpus"):
+        status, text = checks[name]
+        assert status == 0 and not _problems(text), (name, text)
+    status, text = checks["one gpu for two ranks"]
+    assert status == 1 and any("GPU" in p for p in _problems(text)), text
+    status, text = checks["doctor in a gpu step"]
+    assert status == 1 and any("CUDA_VISIBLE_DEVICES=0" in p for p in _problems(text)), text
+
+
+def test_each_task_gets_the_cpus_the_job_asked_for(jobs):
+    """A site that binds tasks to cores (GUIDE_SRUN_ARGS=(--cpu-bind=cores)) and asks two
+    CPUs per task: guide.sh exports SRUN_CPUS_PER_TASK, so the training task has both."""
+    jobs.wait_completed()
+    (run,) = jobs.runs()
+    _finished(run, 1)
+    assert "--cpu-bind=cores" in jobs.log()
+
+
+@pytest.mark.parametrize("like", ["puhti-like", "perlmutter-like"])
+def test_a_site_profile_runs_on_fake_gpus(jobs, like):
+    """The site's GPU request (per node with --gres, per task with --gpus-per-task) and its
+    srun options, on the test Slurm's fake GPUs: the job's per-task check passes (each rank
+    its own GPU) and the training runs (on the CPUs: no GPU is real)."""
+    jobs.wait_completed()
+    (run,) = jobs.runs()
+    _finished(run)
+    assert run.environment["workers"] == 4

@@ -40,15 +40,27 @@ def test_every_script_follows_the_conventions(script):
     body = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert body[0] == "set -euo pipefail", "first command must be set -euo pipefail"
     setup = [line for line in body if line.startswith("guide_setup")]
-    usage = r'guide_setup (pytorch|tensorflow) (none|ddp|horovod|mwms|"\$\w+")'
-    assert len(setup) == 1 and re.fullmatch(usage, setup[0]), \
-        "must call guide_setup FRAMEWORK DIST once (site profile, configuration, the doctor for this job, staging)"
+    dist = r'(none|ddp|horovod|mwms|"\$\w+"|"\$\(guide_dist \w+\)")'
+    usage = rf'guide_setup (pytorch|tensorflow) {dist}( tasks| node| shell| "\$launch")?'
+    assert len(setup) == 1 and re.fullmatch(usage, setup[0].split("  #")[0]), \
+        "must call guide_setup FRAMEWORK DIST [LAUNCH] once (site profile, the doctor for this job, staging)"
     assert f"#SBATCH --job-name={script.stem}" in text
-    srun_lines = [line for line in text.splitlines() if line.strip().startswith("srun ")]
-    launchers = [line for line in text.splitlines() if not line.startswith("#")
-                 and re.search(r"\b(horovodrun|papermill)\b", line)]
-    assert srun_lines or launchers, "every script launches with srun (or a launcher that ends all on a failure)"
-    assert all("--kill-on-bad-exit=1" in line for line in srun_lines), srun_lines
+    # Every launch: srun with the job's task options (--kill-on-bad-exit=1, the site's srun
+    # options, the MPI plugin, the software prefix), or a launcher that ends all on a failure.
+    body = [re.sub(r"\s+#\s.*$", "", line) for line in body]  # code only, not its comments
+    code = "\n".join(body)
+    launches = re.findall(r"(?:^|[\s;|&])(srun|horovodrun|torchrun|mpirun|papermill)( .*)", code, re.M)
+    assert launches, "every script launches with srun (or a launcher that ends all on a failure)"
+    for launcher, rest in launches:
+        if launcher == "srun":
+            assert re.match(r' "\$\{GUIDE_SRUN_(TASKS|NODES)\[@\]\}"', rest), f"srun{rest}: use GUIDE_SRUN_TASKS/NODES"
+    # Training survives its time limit: checkpoints (GUIDE_TRAIN_FLAGS), requeue on Slurm's warning.
+    if "guide_utils.train" in code:
+        commands = re.sub(r"\\\n\s*", " ", code).splitlines()  # continuation lines joined
+        bare = [line for line in commands if re.match(r'\s*(srun|horovodrun|torchrun|mpirun|\$\{GUIDE_EXEC\S*) ', line)]
+        assert not bare, f"{script.name}: launch training through guide_run_requeueable: {bare}"
+        for option in ("--signal=B:USR1@600", "--requeue", "--open-mode=append"):
+            assert f"#SBATCH {option}" in text, f"{script.name} lacks #SBATCH {option}"
     assert not re.search(r"--(account|partition|gres|gpus-per-node)=", text), "site values belong in the profile"
 
 
@@ -106,7 +118,7 @@ def test_the_site_must_be_named():
     assert out.returncode == 2 and out.stdout == ""
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("error: GUIDE_SITE is not set; export GUIDE_SITE=NAME")
-    assert "ci, gpus-per-node-apptainer, thesis-taito" in line and "TEMPLATE.sh" in line
+    assert "ci, gpus-per-node-apptainer, lumi-like, perlmutter-like, puhti-like, thesis-taito" in line and "TEMPLATE.sh" in line
 
 
 # -- --workers: the site's GPUs per node decide the layout, never a constant in Python ----------

@@ -1,11 +1,14 @@
 """The TensorFlow door on CPU: Horovod over Gloo and MPI, MultiWorkerMirroredStrategy, the
-schedule, resume, the benchmark, the version guard and bad input."""
+schedule, resume, a stop signal under both, the benchmark, the version guard and bad input."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from conftest import BIN, MPI_AS_ROOT, child_env
 from guide_utils.core.errors import GuideError
 from guide_utils.core.schedules import lr_at
+from guide_utils.runtime.local import tf_config
 from guide_utils.tensorflow.runtime import check_versions
 
 PY = sys.executable
@@ -20,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN_TF = [PY, "-m", "guide_utils.train_tf", "--profile", "smoke"]
 TIMEOUT = 300
 TF_QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", **MPI_AS_ROOT}  # TensorFlow's C++ start-up chatter off
+SHORT = ["--max-steps-per-epoch", "20"]  # the stop tests: start-up is most of their time, keep the epochs short
 
 
 def _lines(results: Path) -> list[dict]:
@@ -68,6 +73,30 @@ def test_learning_rate_of_every_batch_follows_lr_at(tmp_path):
                       milestones=(2, 3), gamma=0.1) for e in range(3) for b in range(10)]
     assert seen == pytest.approx(expected, rel=1e-6)
     assert [row["epoch"] for row in result.epochs] == [1, 2, 3]
+
+
+def test_image_folder_samples_are_what_keras_loads(tmp_path):
+    """Training images are read by position (an epoch's order comes from the seed and the
+    epoch); each is the image and label Keras's own loader gives, or its mirror (random flip)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from conftest import make_image_tree
+    from guide_utils.core.config import make_config
+    from guide_utils.tensorflow.data import IMAGENET_MEAN, IMAGENET_STD, build_tf_data
+    from guide_utils.tensorflow.runtime import TFDist
+
+    root = make_image_tree(tmp_path / "imgs")
+    data = build_tf_data(make_config("smoke", data=str(root), image_size=32), TFDist("none"))
+    keras = tf.keras.utils.image_dataset_from_directory(str(root / "train"), image_size=(32, 32), batch_size=None,
+                                                        shuffle=False, label_mode="int")
+    seeds = tf.constant([[0, 1]] * data.train_size, dtype=tf.int64)
+    samples = list(data.read(tf.data.Dataset.from_tensor_slices((data.positions, seeds))))
+    assert len(samples) == data.train_size == 6
+    for (x, y), (kx, ky) in zip(samples, keras):
+        want = (kx.numpy() / 255.0 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
+        assert int(y) == int(ky)
+        assert np.allclose(x, want, atol=1e-5) or np.allclose(x, want[:, ::-1], atol=1e-5)
 
 
 @pytest.mark.slow
@@ -121,3 +150,121 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and message in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _start(cwd: Path, argvs: list[list[str]], envs: list[dict[str, str]]) -> list[subprocess.Popen]:
+    """Start one process per command line, each in its own session; output goes to files (a
+    pipe that nobody reads yet can fill up and stall a worker)."""
+    procs = []
+    for argv, env in zip(argvs, envs):
+        n = len(list(cwd.glob("*.out")))
+        out, err = open(cwd / f"{n}.out", "w+"), open(cwd / f"{n}.err", "w+")
+        procs.append(subprocess.Popen(argv, env=child_env(**TF_QUIET, **env), cwd=cwd, stdout=out, stderr=err,
+                                      start_new_session=True))
+        procs[-1].files = (out, err)
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
+    """Wait for every process (those still running after ``timeout`` are killed, with what
+    they started): (exit status, stdout, stderr) each."""
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        pass
+    results = []
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        texts = []
+        for f in p.files:
+            f.seek(0)
+            texts.append(f.read())
+            f.close()
+        results.append((p.returncode, *texts))
+    return results
+
+
+def _mwms(cwd: Path, *args: str) -> list[subprocess.Popen]:
+    """Two MultiWorkerMirroredStrategy workers on loopback, as chapter 8 starts them (TF_CONFIG)."""
+    return _start(cwd, [[*TRAIN_TF, *SHORT, "--dist", "mwms", *args]] * 2, tf_config(2))
+
+
+def _signal_once_saved(procs: list[subprocess.Popen], checkpoint: Path, pid: int) -> None:
+    """SIGUSR1 to ``pid`` (one worker only) as soon as the first epoch's checkpoint exists."""
+    deadline = time.monotonic() + TIMEOUT
+    while not (checkpoint / "ckpt-1.index").exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), _finish(procs, 0)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGUSR1)
+
+
+def _epochs(lines: list[dict]) -> list[dict]:
+    return [line for line in lines if line["type"] == "epoch"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_mwms_stopped_by_a_signal_resumes_like_an_unbroken_run(tmp_path):
+    """Two MWMS workers with --checkpoint-dir; worker 1 alone gets SIGUSR1 once epoch 1 is
+    saved. Both stop and exit 75, the rerun resumes at the saved epoch, and it ends with the
+    unbroken run's weights and training metrics exactly (each epoch's order comes from the
+    seed and the epoch; two CPU workers on one machine add in the same order every time).
+    Validation differs a little: BatchNorm's moving statistics are per worker between saves,
+    and a checkpoint keeps their mean over the workers (MWMS's ON_READ/MEAN variables)."""
+    unbroken = _finish(_mwms(tmp_path, "--epochs", "3", "--results-dir", "u"))
+    assert [rc for rc, _, _ in unbroken] == [0, 0], unbroken[0][2][-3000:]
+    stopped = _mwms(tmp_path, "--epochs", "4", "--results-dir", "r", "--checkpoint-dir", "ck")
+    _signal_once_saved(stopped, tmp_path / "ck", stopped[1].pid)
+    (rc0, out0, err0), (rc1, _, _) = _finish(stopped)
+    assert (rc0, rc1) == (75, 75), err0[-3000:]
+    assert "stop requested (a signal to another worker)" in out0
+    saved = max(int(p.stem.split("-")[1]) for p in (tmp_path / "ck").glob("ckpt-*.index"))
+    assert saved in (1, 2) and not list((tmp_path / "ck").glob("workertemp_*"))  # stopped in or after epoch 2
+    assert [line["type"] for line in _lines(tmp_path / "r")][-1] == "preempted"  # no summary yet
+    resumed = _finish(_mwms(tmp_path, "--epochs", "3", "--results-dir", "r", "--checkpoint-dir", "ck"))
+    assert [rc for rc, _, _ in resumed] == [0, 0], resumed[0][2][-3000:]
+    assert f"resuming at epoch {saved}" in resumed[0][1]
+    lines, reference = _lines(tmp_path / "r"), _lines(tmp_path / "u")
+    assert [line["epoch"] for line in _epochs(lines)] == [1, 2, 3]  # one record, a stopped epoch not in it
+    assert lines[-1]["weights_digests"] == reference[-1]["weights_digests"]
+    for got, want in zip(_epochs(lines), _epochs(reference)):
+        assert (got["loss"], got["train_top1_err"]) == (want["loss"], want["train_top1_err"])
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3)
+        assert got["val_top1_err"] == pytest.approx(want["val_top1_err"], abs=0.5)  # 4 of 800 samples
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_horovod_workers_stop_together_when_one_is_signalled(tmp_path):
+    """Under mpirun, SIGUSR1 to rank 1 alone: the ranks agree by allreduce, stop, and exit 75
+    with epoch 1's checkpoint on disk (the resume itself is the single-process test's)."""
+    mpirun = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
+    (launcher,) = _start(tmp_path, [[*mpirun, *TRAIN_TF, *SHORT, "--dist", "horovod", "--epochs", "4",
+                                     "--results-dir", "r", "--checkpoint-dir", "ck"]], [{}])
+    deadline = time.monotonic() + TIMEOUT
+    while (rank1 := _child_with(launcher.pid, b"OMPI_COMM_WORLD_RANK=1")) is None:
+        assert time.monotonic() < deadline and launcher.poll() is None, _finish([launcher], 0)
+        time.sleep(0.05)
+    _signal_once_saved([launcher], tmp_path / "ck", rank1)
+    ((rc, out, err),) = _finish([launcher])
+    assert rc == 75, err[-3000:]
+    assert "stop requested (a signal to another worker)" in out
+    assert (tmp_path / "ck" / "ckpt-1.index").exists()
+    lines = _lines(tmp_path / "r")
+    assert lines[-1]["type"] == "preempted" and lines[-1]["epoch"] in (1, 2)
+
+
+def _child_with(parent: int, variable: bytes) -> int | None:
+    """The process id of ``parent``'s child whose environment has ``variable`` (NAME=value)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
+                    and variable in (proc / "environ").read_bytes().split(b"\0")):
+                return int(proc.name)
+        except OSError:  # gone meanwhile
+            continue
+    return None

@@ -52,8 +52,11 @@ guide_check_site() {
         guide_die "GUIDE_TASKS_PER_NODE='$GUIDE_TASKS_PER_NODE' in $file must be a positive integer (one task per GPU)"
     [[ $GUIDE_CPUS_PER_TASK =~ ^[1-9][0-9]*$ ]] ||
         guide_die "GUIDE_CPUS_PER_TASK='$GUIDE_CPUS_PER_TASK' in $file must be a positive integer"
-    [[ -z $GUIDE_GPU_REQUEST || $GUIDE_GPU_REQUEST == *%d* ]] ||
-        guide_die "GUIDE_GPU_REQUEST='$GUIDE_GPU_REQUEST' in $file needs %d where the GPU count goes (e.g. --gres=gpu:v100:%d)"
+    [[ -z $GUIDE_GPU_REQUEST || $GUIDE_GPU_REQUEST == *%d* || $GUIDE_GPU_REQUEST == *per-task* ]] ||
+        guide_die "GUIDE_GPU_REQUEST='$GUIDE_GPU_REQUEST' in $file needs %d where the GPUs per node go" \
+                  "(e.g. --gres=gpu:v100:%d), or must be a per-task request (e.g. --gpus-per-task=1)"
+    [[ -z ${GUIDE_MODULE_PURGE:-} || $GUIDE_MODULE_PURGE == yes || $GUIDE_MODULE_PURGE == no ]] ||
+        guide_die "GUIDE_MODULE_PURGE='$GUIDE_MODULE_PURGE' in $file must be yes or no (or unset: no)"
     [[ $GUIDE_TRAIN_PROFILE == smoke || $GUIDE_TRAIN_PROFILE == full ]] ||
         guide_die "GUIDE_TRAIN_PROFILE='$GUIDE_TRAIN_PROFILE' in $file must be smoke or full"
     [[ ${GUIDE_DOCTOR:-full} == full || $GUIDE_DOCTOR == quick ]] ||
@@ -67,7 +70,7 @@ guide_check_site() {
     [[ -z $GUIDE_DATASET_ARCHIVE || -n ${GUIDE_DATASET_NAME:-} ]] ||
         guide_die "GUIDE_DATASET_ARCHIVE is set in $file but GUIDE_DATASET_NAME (the folder inside the archive) is not"
     # Lists of arguments are arrays, so that a value with a space (a path) stays one argument.
-    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS; do
+    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS GUIDE_SRUN_ARGS; do
         [[ -z ${!name+set} || $(declare -p "$name" 2>/dev/null) == "declare -a"* ]] ||
             guide_die "$name in $file must be an array, e.g. $name=(--one --two \"a value\"), not a string"
     done
@@ -89,11 +92,16 @@ guide_load_site() {
     guide_check_site "$GUIDE_SITE_FILE"
 }
 
-# GPUs requested per node by a script that runs N tasks per node: one per task, in the
-# site's syntax. Empty on CPU sites.
+# The GPU request of a job that runs N tasks per node, in the site's syntax: N per node
+# (a request with %d), or the site's per-task request as it is. Empty on CPU sites.
 guide_gpu_option() {
-    # shellcheck disable=SC2059  # the site profile supplies the format on purpose
-    [[ -z $GUIDE_GPU_REQUEST ]] || printf -- "$GUIDE_GPU_REQUEST\n" "$1"
+    [[ -n $GUIDE_GPU_REQUEST ]] || return 0
+    if [[ $GUIDE_GPU_REQUEST == *%d* ]]; then
+        # shellcheck disable=SC2059  # the site profile supplies the format on purpose
+        printf -- "$GUIDE_GPU_REQUEST\n" "$1"
+    else
+        printf -- '%s\n' "$GUIDE_GPU_REQUEST"
+    fi
 }
 
 # Make python, horovodrun and torchrun the guide's. GUIDE_EXEC prefixes every command that
@@ -103,9 +111,13 @@ guide_software() {
     case $GUIDE_SOFTWARE in
         modules)
             command -v module >/dev/null || guide_die "GUIDE_SOFTWARE=modules but this node has no 'module' command; use venv or apptainer"
-            module purge
+            # No purge unless asked: on some systems (LUMI) it unloads the modules that make
+            # the software stack visible in the first place.
+            [[ ${GUIDE_MODULE_PURGE:-no} != yes ]] || module purge
             # shellcheck disable=SC2086  # a list of module names
             module load $GUIDE_MODULES
+            # A modules-only stack (no venv): the module brings PyTorch, the guide comes from here.
+            [[ -n ${GUIDE_VENV:-} ]] || export PYTHONPATH=$GUIDE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}
             ;;&
         venv | modules)
             if [[ -n ${GUIDE_VENV:-} ]]; then
@@ -133,7 +145,10 @@ guide_banner() {
     printf '== site %s (%s): profile %s, software %s, scratch %s\n' "$GUIDE_SITE" "$GUIDE_SITE_FILE" \
         "$GUIDE_TRAIN_PROFILE" "$GUIDE_SOFTWARE" "$GUIDE_SCRATCH"
     printf '== dataset %s\n' "${GUIDE_DATASET_ARCHIVE:-"(none: the training profile's built-in data)"}"
-    printf '== framework %s, --dist %s\n' "$GUIDE_FRAMEWORK" "$GUIDE_DIST"
+    printf '== framework %s, --dist %s, processes started by %s\n' "$GUIDE_FRAMEWORK" "$GUIDE_DIST" \
+        "$(case $GUIDE_LAUNCH in tasks) echo srun ;; node) echo "a launcher per node" ;; shell) echo "a launcher in this shell" ;; esac)"
+    printf '== CPUs per task %s (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS %s, site srun options: %s\n' \
+        "${SRUN_CPUS_PER_TASK:-?}" "${OMP_NUM_THREADS:-?}" "${GUIDE_SRUN_ARGS[*]:-none}"
     local quick=()
     [[ ${GUIDE_DOCTOR:-full} == full ]] || quick=(--quick)
     ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --framework "$GUIDE_FRAMEWORK" --dist "$GUIDE_DIST" \
@@ -184,43 +199,127 @@ guide_stage_data() {
     GUIDE_DATA_ARGS=(--data "$target")
 }
 
-# Everything a script does before its launch line: guide_setup FRAMEWORK DIST, the
-# framework (pytorch | tensorflow) and --dist the launch line uses, for the doctor.
-# GUIDE_TRAIN_FLAGS are the flags every launch passes to `python -m guide_utils.train`:
-# profile, staged data, site extras, where the run records go (results/, where the
-# notebooks look for them).
+# The switch every training script has: DIST=horovod (the thesis's) or ddp (PyTorch's own
+# DistributedDataParallel, which needs no Horovod: Horovod 0.28.1 of June 2023 is its last
+# release, and many sites' PyTorch modules come without it). guide_dist DEFAULT prints it.
+guide_dist() {
+    local dist=${DIST:-$1}
+    [[ $dist == horovod || $dist == ddp ]] || guide_die "DIST=$dist: choose horovod or ddp"
+    printf '%s\n' "$dist"
+}
+
+# CPUs and GPUs as the training processes see them, checked inside the job before it trains:
+# one probe per process (run by srun like the training, or --local N for a launcher that
+# starts N per node itself), judged together by the doctor. This is where a task bound to one
+# CPU, a task without a GPU, or two ranks on one GPU show up (the batch shell sees none of it).
+guide_check_tasks() {
+    [[ -n ${SLURM_JOB_ID:-} ]] || { echo "== tasks: not in a Slurm job, not checked"; return 0; }
+    local per_node=$((SLURM_NTASKS / SLURM_JOB_NUM_NODES)) probe=(python -m guide_utils task-probe)
+    case $GUIDE_LAUNCH in
+        tasks) srun "${GUIDE_SRUN_TASKS[@]}" "${probe[@]}" ;;
+        node) srun "${GUIDE_SRUN_NODES[@]}" "${probe[@]}" --local "$per_node" ;;
+        shell) ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} "${probe[@]}" --local "$per_node" ;;
+    esac | ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --tasks - ||
+        guide_die "guide_utils doctor --tasks: the training processes would not get the CPUs or GPUs this job asked for (PROBLEM above)"
+}
+
+# The environment and srun options of the job's training steps, for GUIDE_DIST and
+# GUIDE_LAUNCH (see guide_setup; interactive engines use them too). After guide_software:
+# GUIDE_EXEC ends each option list.
+guide_task_options() {
+    # srun in Slurm 22.05-23.02 does not take --cpus-per-task from the job: without this, a
+    # site that binds tasks to cores gives each training process (and its data loaders) ONE
+    # CPU. Threaded libraries use what the task has, unless the profile says otherwise.
+    if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+        export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
+    fi
+    local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1}))
+    if [[ $GUIDE_DIST == horovod && $GUIDE_LAUNCH == tasks ]]; then
+        [[ $GUIDE_SRUN_MPI != none ]] ||
+            guide_die "GUIDE_SRUN_MPI=none in $GUIDE_SITE_FILE: Horovod under srun needs srun's MPI plugin; use DIST=ddp" \
+                      "(or LAUNCHER=mpirun in 03)"
+        mpi=(--mpi="$GUIDE_SRUN_MPI")
+    fi
+    GUIDE_SRUN_TASKS=(--kill-on-bad-exit=1 ${mpi[@]+"${mpi[@]}"} ${GUIDE_SRUN_ARGS[@]+"${GUIDE_SRUN_ARGS[@]}"}
+                      ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+    # One launcher per node gets the CPUs (and, at a per-task GPU site, the GPUs) of all
+    # the processes it starts; without them it would inherit a one-task share.
+    # (A step may not ask for more GPUs per task than the job did, so it asks per node.)
+    local node_gpus=() per_task=1
+    [[ ! $GUIDE_GPU_REQUEST =~ gpus-per-task[=\ ]*([0-9]+) ]] || per_task=${BASH_REMATCH[1]}
+    [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres=gpu:$((per_node * per_task)))
+    GUIDE_SRUN_NODES=(--kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1
+                      --cpus-per-task=$((per_node * ${SLURM_CPUS_PER_TASK:-1})) ${node_gpus[@]+"${node_gpus[@]}"}
+                      ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+}
+
+# Everything a script does before its launch line: guide_setup FRAMEWORK DIST [LAUNCH], the
+# framework (pytorch | tensorflow) and --dist the launch line uses, for the doctor, and how
+# the training processes start: tasks (srun starts each one: the default), node (srun starts
+# one launcher per node, such as torchrun) or shell (a launcher in this batch shell:
+# horovodrun, torchrun on one node, mpirun). Sets for the launch line:
+#   GUIDE_SRUN_TASKS  srun options, then the software prefix, for a step of one task per GPU
+#   GUIDE_SRUN_NODES  the same for a step of one task per node that owns the node's GPUs
+#   GUIDE_TRAIN_FLAGS the flags every launch passes to `python -m guide_utils.train`: profile,
+#                     staged data, site extras, run records in results/ (where the notebooks
+#                     look), and the checkpoints that let the job resume after a requeue
 guide_setup() {
-    (($# == 2)) || guide_die "guide_setup needs the job's framework and --dist, e.g. guide_setup pytorch ddp"
-    GUIDE_FRAMEWORK=$1 GUIDE_DIST=$2
+    (($# == 2 || $# == 3)) ||
+        guide_die "guide_setup needs the job's framework and --dist (and how it launches), e.g. guide_setup pytorch ddp tasks"
+    GUIDE_FRAMEWORK=$1 GUIDE_DIST=$2 GUIDE_LAUNCH=${3:-tasks}
+    [[ $GUIDE_LAUNCH == tasks || $GUIDE_LAUNCH == node || $GUIDE_LAUNCH == shell ]] ||
+        guide_die "guide_setup: launch '$GUIDE_LAUNCH' must be tasks, node or shell"
     guide_load_site
     guide_software
+    guide_task_options
     guide_banner
+    guide_check_tasks
     guide_stage_data
     GUIDE_RESULTS_DIR=${GUIDE_RESULTS_DIR:-$GUIDE_ROOT/results}
+    # This job's own checkpoints; the jobs of one chain (chain.sh) share the chain's.
+    GUIDE_CHECKPOINTS=${GUIDE_CHAIN_CHECKPOINTS:-${GUIDE_CHECKPOINT_ROOT:-$GUIDE_ROOT/checkpoints}/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}}
     # shellcheck disable=SC2034  # used by the sbatch scripts' launch lines
     GUIDE_TRAIN_FLAGS=(--profile "$GUIDE_TRAIN_PROFILE" ${GUIDE_DATA_ARGS[@]+"${GUIDE_DATA_ARGS[@]}"}
-                       ${GUIDE_TRAIN_ARGS[@]+"${GUIDE_TRAIN_ARGS[@]}"} --results-dir "$GUIDE_RESULTS_DIR" --no-progress)
-    GUIDE_CHECKPOINTS=${GUIDE_CHECKPOINT_ROOT:-$GUIDE_ROOT/checkpoints}/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}
+                       ${GUIDE_TRAIN_ARGS[@]+"${GUIDE_TRAIN_ARGS[@]}"} --results-dir "$GUIDE_RESULTS_DIR" --no-progress
+                       --checkpoint-dir "$GUIDE_CHECKPOINTS")
+}
+
+# Send a signal to this job's training processes on every node, whatever started them: srun
+# and mpirun pass a USR1 on to their tasks, but torchrun and horovodrun would die of it (or
+# end their workers with a grace of seconds). A step of one task per node finds them by the
+# job id in their environment; --overlap lets it run beside the training step.
+guide_signal_training() {
+    # shellcheck disable=SC2016  # expanded by the per-node shell
+    srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+        --cpus-per-task=1 --gres=none bash -c '
+        for d in /proc/[0-9]*; do
+            tr "\0" "\n" <"$d/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$2" || continue
+            tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "guide_utils[.]train" && kill "-$1" "${d#/proc/}" 2>/dev/null
+        done
+        exit 0' signal "$1" "$SLURM_JOB_ID" || echo "== could not signal every node (srun exit $?)" >&2
 }
 
 # Run a launch command so that the job survives its time limit: Slurm's warning (USR1, from
-# --signal=B:USR1@SECONDS) reaches only this batch shell, which passes it to the launcher
-# (srun forwards it to every task); the training saves a checkpoint and exits 75; the job
-# then requeues itself and its next start resumes from that checkpoint.
+# --signal=B:USR1@SECONDS) reaches only this batch shell, which passes it on to the training
+# processes; they save a checkpoint and exit 75 (the launcher may report another failure);
+# the job then requeues itself and its next start resumes from that checkpoint. The command
+# is printed first: the job log says exactly what ran.
 guide_run_requeueable() {
     local pid status usr1=0 warned=0
+    printf '== launch:'; printf ' %q' "$@"; printf '\n'
     "$@" &
     pid=$!
-    trap 'usr1=1 warned=1; echo "== USR1: time limit near, asking the training to checkpoint"; kill -USR1 "$pid" 2>/dev/null || true' USR1
+    trap 'usr1=1 warned=1; echo "== USR1: time limit near, asking the training to checkpoint"; guide_signal_training USR1' USR1
     while :; do
         usr1=0 status=0
         wait "$pid" || status=$?
         ((usr1)) || break  # an interrupted wait returns early; wait again for the real status
     done
     trap - USR1
-    # 75: checkpoint saved. 138 (killed by USR1) after a warning: it came before Python could
-    # catch it; nothing since the last checkpoint is lost, so resume from that one.
-    if ((status == 75 || (warned && status == 138))); then
+    # After a warning, any failure with a checkpoint on disk is a stop to resume from: 75 from
+    # the training itself, or the status a launcher makes of it (torchrun: 1).
+    if ((status == 75)) || { ((warned && status != 0)) && compgen -G "$GUIDE_CHECKPOINTS/*" >/dev/null; }; then
         echo "== checkpoint saved in $GUIDE_CHECKPOINTS; requeueing job $SLURM_JOB_ID to resume"
         scontrol requeue "$SLURM_JOB_ID"
         exit 0

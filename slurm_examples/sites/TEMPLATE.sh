@@ -2,25 +2,47 @@
 # A site profile: everything about one centre that the examples need, and nothing else.
 # Copy this file to sites/<your-centre>.sh, fill it in, and select it with
 #   export GUIDE_SITE=<your-centre>     # required: there is no default site
-# Every GUIDE_* value below is required (some may be empty, as noted); a missing one stops
-# submit.sh and every job before anything runs, naming it. Variables of the job (e.g.
-# $TMPDIR, $SLURM_JOB_ID) may be used: the profile is read again inside each job.
+# Every GUIDE_* value below is required unless marked optional or named for one kind of
+# software (some may be empty, as noted); a missing one stops submit.sh and every job before
+# anything runs, naming it. Variables of the job (e.g. $TMPDIR, $LOCAL_SCRATCH, $SLURM_JOB_ID)
+# may be used: the profile is read again inside each job, and on the login node they are
+# simply empty. Worked examples: puhti-like.sh (--gres, modules only), lumi-like.sh (AMD,
+# binding masks), perlmutter-like.sh (GPUs per task, SMT), thesis-taito.sh, ci.sh.
 
 GUIDE_ACCOUNT=""            # --account (billing project); empty: your default account
-GUIDE_PARTITION=""          # --partition with GPU nodes; empty: the default partition
+GUIDE_PARTITION=""          # --partition with GPU nodes; empty: the default partition (or a constraint below)
 GUIDE_TASKS_PER_NODE=4      # training processes per node = GPUs per node (submit.sh --workers=N uses it)
-GUIDE_CPUS_PER_TASK=8       # cores per process (data-loading workers); cores per node / tasks
-GUIDE_GPU_REQUEST="--gpus-per-node=%d"  # or "--gres=gpu:v100:%d"; empty on CPU-only sites
+GUIDE_CPUS_PER_TASK=8       # CPUs per process (data-loading workers): the node's CPUs / tasks, in
+                            # Slurm's unit of the site (cores, or hardware threads where SMT counts)
+# The GPU request, in the site's syntax. With %d: GPUs per node, %d becoming the tasks per node
+# ("--gres=gpu:v100:%d", "--gpus-per-node=%d"; other GRES go in the same list, e.g.
+# "--gres=gpu:v100:%d,nvme:200"). Without %d: a per-task request, passed as it is
+# ("--gpus-per-task=1"). Empty on CPU-only sites.
+GUIDE_GPU_REQUEST="--gpus-per-node=%d"
 GUIDE_SCRATCH='/tmp'        # node-local disk for the dataset copy, e.g. $TMPDIR, $LOCAL_SCRATCH
 GUIDE_SOFTWARE=venv         # venv | modules | apptainer
-GUIDE_VENV=""               # venv (and optionally on top of modules): path with bin/activate
+GUIDE_VENV=""               # venv (and optionally on top of modules): path with bin/activate;
+                            # modules with GUIDE_VENV="": the module brings PyTorch, the guide
+                            # runs from src/ (PYTHONPATH), its small packages via pip install --user
 GUIDE_MODULES=""            # modules: what to `module load`, e.g. "pytorch/2.4"
+GUIDE_MODULE_PURGE=no       # optional, modules: yes runs `module purge` first; no (default) keeps
+                            # what is loaded (Cray systems such as LUMI preload their stack)
 GUIDE_CONTAINER=""          # apptainer: path to the .sif image with guide_utils installed
 GUIDE_APPTAINER_FLAGS=(--nv)  # apptainer (an array): --nv for NVIDIA GPUs, --rocm for AMD, binds (-B DIR)
 GUIDE_DATASET_ARCHIVE=""    # tar on the shared filesystem; empty: the training profile's own data
 GUIDE_DATASET_NAME=""       # folder inside the archive with train/ and val/
 GUIDE_TRAIN_PROFILE=full    # full (ResNet-50, 90 epochs) | smoke (small model, seconds)
 GUIDE_TRAIN_ARGS=()         # extra guide_utils.train flags for every run at this site
-GUIDE_SRUN_MPI=pmix         # srun --mpi=... for Horovod under srun (`srun --mpi=list`); none: use mpirun
-GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0)
+# srun --mpi=... for Horovod under srun (`srun --mpi=list`: pmix, pmi2, cray_shasta for Cray
+# MPICH); none: use mpirun. Cray systems have no mpirun: say so here, 03's LAUNCHER=mpirun stops.
+GUIDE_SRUN_MPI=pmix
+GUIDE_SRUN_ARGS=()          # optional (an array): more options for every srun that starts training
+                            # tasks, e.g. (--cpu-bind=cores --gpu-bind=none), (--hint=nomultithread),
+                            # ("--cpu-bind=mask_cpu:..."); not used for one-task-per-node steps
+GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0), (--constraint=gpu)
 GUIDE_DOCTOR=full           # optional: full (default) checks the frameworks in every job; quick: the Slurm job only
+# Environment the site needs, as plain export lines (optional): network interfaces and
+# transport settings of NCCL/RCCL and libfabric, Horovod's stall timeouts, a PYTHONUSERBASE.
+# OMP_NUM_THREADS is set by the jobs to GUIDE_CPUS_PER_TASK unless exported here, and every
+# job exports SRUN_CPUS_PER_TASK (srun in Slurm 22.05 to 23.02 does not inherit --cpus-per-task).
+# export NCCL_SOCKET_IFNAME=ib0 HOROVOD_STALL_CHECK_TIME_SECONDS=120

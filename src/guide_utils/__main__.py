@@ -10,6 +10,8 @@ Studies:
   verify        does this machine reproduce the guide? retrain recorded points, check the conclusions
 On the cluster:
   doctor        what this machine, stack and Slurm job look like, and what will hurt
+                (--tasks FILE: judge the task-probe lines of a job's tasks)
+  task-probe    what one task of a job sees (CPUs, GPUs) as a JSON line, for doctor --tasks
   sync-check    do N processes (Horovod or DDP) really end with the same weights?
   rendezvous    HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
   pack-dataset  write a real image dataset as a tar archive (the ImageFolder layout)
@@ -38,6 +40,7 @@ COMMANDS = {  # name: (module, function), grouped as --help lists them
     "verify": ("guide_utils.studies.verify", "main"),
     # on the cluster
     "doctor": ("guide_utils.cluster.doctor", "main"),
+    "task-probe": ("guide_utils.cluster.doctor_tasks", "main"),
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
     "rendezvous": ("guide_utils.runtime.slurm", "rendezvous_main"),
     "pack-dataset": ("guide_utils.cluster.pack", "main"),

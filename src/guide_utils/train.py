@@ -34,8 +34,9 @@ def build_parser() -> ArgumentParser:
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
-    signals.catch_early()  # before the seconds of importing torch
     cfg = flags.config_from_argv(argv, build_parser())
+    if cfg.checkpoint_dir:  # without somewhere to save, SIGTERM and SIGUSR1 keep meaning "stop now"
+        signals.catch_early()  # before the seconds of importing torch
 
     from .engine import EXIT_REQUEUE, train
 

@@ -11,7 +11,9 @@ Cluster (one task per GPU, inside an sbatch script):
 
 Flags that only the PyTorch engine has (--amp, --channels-last, --compile, --fp16-allreduce)
 are refused with one line. --dist takes none, horovod or mwms. Exit status: 0 done, 2 bad
-input (one line says what to fix).
+input (one line says what to fix), 75 stopped by SIGTERM/SIGUSR1 with --checkpoint-dir
+(requeue and rerun the same command to resume). Checkpoints are saved at epoch ends only:
+Keras's fit cannot start part-way through an epoch, so a stop mid-epoch redoes that epoch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 
 from .core import flags
 from .core.cli import ArgumentParser, one_line_errors
+from .engine import signals
 
 PROG = "python -m guide_utils.train_tf"
 
@@ -29,11 +32,16 @@ def build_parser() -> ArgumentParser:
     p = flags.build_parser(PROG, "The guide's TensorFlow door: Keras with Horovod or MultiWorkerMirroredStrategy, "
                                  "same flags and records as python -m guide_utils.train.\n\n"
                                  + __doc__.split("\n\n", 1)[1].rsplit("\n\nFlags that", 1)[0])
-    p.epilog = "Exit status: 0 done; 2 bad input."
+    p.epilog = ("Exit status: 0 done; 2 bad input; 75 stopped by SIGTERM/SIGUSR1 (resume by rerunning with the "
+                "same --checkpoint-dir).")
     for action in p._actions:
         if action.dest == "dist":
             action.choices = ["none", "horovod", "mwms"]
             action.help = "horovod: start with horovodrun/mpirun/srun; mwms: TensorFlow's own, one srun task per worker"
+        elif action.dest == "checkpoint_dir":
+            action.help = ("save after every epoch and resume from the newest; SIGTERM/SIGUSR1 stop the run within "
+                           "seconds (exit 75), and a stop mid-epoch redoes that epoch (Keras's fit cannot start "
+                           "mid-epoch)")
     return p
 
 
@@ -41,14 +49,17 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter hides the one line that matters
     cfg = flags.config_from_argv(argv, build_parser())
+    if cfg.checkpoint_dir:
+        signals.catch_early()  # a warning during the seconds of importing TensorFlow must not kill the run
 
     import tensorflow as tf
 
+    from .engine import EXIT_REQUEUE
     from .tensorflow.engine import train_tf
 
     tf.get_logger().setLevel("ERROR")  # e.g. "callback slower than the batch" on tiny CPU batches
-    train_tf(cfg)
-    return 0
+    result = train_tf(cfg)
+    return EXIT_REQUEUE if result.preempted else 0
 
 
 if __name__ == "__main__":

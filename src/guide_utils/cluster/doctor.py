@@ -3,7 +3,8 @@
 It reports the software stack (Python, PyTorch, torchvision, TensorFlow, Horovod and what
 Horovod was built with), the MPI on the PATH, the GPUs, and, inside a Slurm job, the job's
 shape; then it warns about each misconfiguration it can see. It exits non-zero only when
-the stack cannot run the job at all, and says why.
+the stack cannot run the job at all, and says why. ``--tasks FILE`` judges instead what each
+task of a job really got (``doctor_tasks``: the lines of ``task-probe``).
 
 Which job: ``--framework pytorch|tensorflow`` and ``--dist none|ddp|horovod|mwms``. A DDP or
 MultiWorkerMirroredStrategy job needs no Horovod, so a missing Horovod is a problem only for
@@ -31,6 +32,7 @@ from ..core.config import PROFILES, make_config
 from .doctor_diagnosis import EXPECTED, Diagnosis, diagnose, diagnose_job
 from .doctor_facts import DEFAULT_LOADER_WORKERS, DISTS, FRAMEWORKS, Facts, Job, gather
 from .doctor_report import render
+from .doctor_tasks import check as check_tasks
 
 __all__ = ["DEFAULT_LOADER_WORKERS", "DISTS", "EXPECTED", "FRAMEWORKS", "PROG", "Diagnosis", "Facts", "Job",
            "diagnose", "diagnose_job", "gather", "main", "render"]
@@ -56,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="check only the Slurm job, not the frameworks (each framework probe starts an "
                              "interpreter: seconds of CPU; for CI jobs on a stack checked once per run)")
     parser.add_argument("--json", action="store_true", help="print the facts and diagnosis as JSON")
+    parser.add_argument("--tasks", metavar="FILE",
+                        help="instead: judge the CPUs and GPUs of a job's tasks from their `python -m guide_utils "
+                             "task-probe` lines in FILE (- for stdin); exit status 1 when a task lacks what the "
+                             "job asked for")
     args = parser.parse_args(argv)
+    if args.tasks is not None:
+        return check_tasks(args.tasks)
     if args.loader_workers is None:
         args.loader_workers = make_config(args.profile).loader_workers
     job = Job(args.framework or ("pytorch" if args.dist in ("ddp", "none") else

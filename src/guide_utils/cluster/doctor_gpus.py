@@ -18,12 +18,13 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from ..runtime.gpus import NO_DEVICES, VISIBLE
+
 # Variables that give a process GPUs: device lists (launchers and Slurm's GRES plugin set
 # them), then Slurm's counts. The first that names a GPU is the one the message quotes.
-DEVICE_LISTS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "SLURM_STEP_GPUS",
-                "SLURM_JOB_GPUS")
+DEVICE_LISTS = (*VISIBLE, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 COUNTS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_NODE", "SLURM_GPUS")
-AMD = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+AMD = VISIBLE[1:]
 WHERE = "the Slurm chapter's 'Which PyTorch for which GPU'"
 
 
@@ -31,7 +32,7 @@ def allocated(env: Mapping[str, str]) -> str | None:
     """``NAME=value`` of the first variable that gives this process a GPU; None if none does."""
     for name in DEVICE_LISTS:
         value = env.get(name, "").strip()
-        if value and value not in ("-1", "NoDevFiles"):
+        if value not in NO_DEVICES:
             return f"{name}={value}"
     for name in COUNTS:  # "4", "gpu:4", "v100:4", "gpu:a100:2(x2)": any count above zero
         value = env.get(name, "").strip()

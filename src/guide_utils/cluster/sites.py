@@ -7,9 +7,7 @@ refuse exactly the same profiles with the same one-line messages. Interactive en
 the account, partition, tasks and GPUs per node, CPUs per task and extra sbatch options
 of the profile, and its software set-up (venv, modules or container), as every example.
 
->>> s = Site(file="x.sh", name="x", account="", partition="gpu", tasks_per_node=4, cpus_per_task=8,
-...          gpu_request="--gres=gpu:v100:%d", software="venv", srun_mpi="pmix", train_profile="full")
->>> s.sbatch_options(6)
+>>> EXAMPLE.sbatch_options(6)
 ['--nodes=2', '--ntasks=6', '--ntasks-per-node=4', '--cpus-per-task=8', '--partition=gpu', '--gres=gpu:v100:4']
 """
 
@@ -20,7 +18,7 @@ import os
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.errors import GuideError
 from ..core.paths import repo_root
@@ -60,8 +58,21 @@ class Site:
                 f"--cpus-per-task={self.cpus_per_task}"]
         opts += [f"--account={self.account}"] if self.account else []
         opts += [f"--partition={self.partition}"] if self.partition else []
-        opts += [self.gpu_request % per_node] if self.gpu_request else []
+        opts += [self.gpu_option(per_node)] if self.gpu_request else []
         return opts + list(self.sbatch_extra)
+
+    def gpu_option(self, per_node: int) -> str:
+        """The GPU request for ``per_node`` tasks per node: a count per node where the profile
+        has ``%d``, else its per-task request as it is (as lib/guide.sh's guide_gpu_option).
+
+        >>> replace(EXAMPLE, gpu_request="--gpus-per-task=1").gpu_option(4)
+        '--gpus-per-task=1'
+        """
+        return self.gpu_request % per_node if "%d" in self.gpu_request else self.gpu_request
+
+
+EXAMPLE = Site(file="x.sh", name="x", account="", partition="gpu", tasks_per_node=4, cpus_per_task=8,
+               gpu_request="--gres=gpu:v100:%d", software="venv", srun_mpi="pmix", train_profile="full")
 
 
 def read_site(site: str | None = None) -> Site:
@@ -127,10 +138,10 @@ def engines_batch_script(site: Site, n: int, *, walltime: str, log: str, control
              *(f"#SBATCH {o}" for o in site.sbatch_options(n)),
              f"#SBATCH --time={walltime}", f"#SBATCH --output={log}", "#SBATCH --export=ALL"]
     if site.srun_mpi != "none":  # one MPI world through Slurm's PMI plugin, as 03_multi_node_horovod
-        launch = f'srun --kill-on-bad-exit=1 --mpi={shlex.quote(site.srun_mpi)} "${{GUIDE_EXEC[@]}}"'
+        kind, launch = "tasks", 'srun "${GUIDE_SRUN_TASKS[@]}"'  # with the site's srun options, as training
     else:  # the site's srun speaks no PMI that its MPI understands: mpirun inside the allocation
-        launch = ('mpirun -np "$SLURM_NTASKS" --map-by "ppr:$SLURM_NTASKS_PER_NODE:node" --bind-to none -x PATH '
-                  '"${GUIDE_EXEC[@]}"')
+        kind, launch = "shell", ('mpirun -np "$SLURM_NTASKS" --map-by "ppr:$SLURM_NTASKS_PER_NODE:node" --bind-to none '
+                                 '-x PATH "${GUIDE_EXEC[@]}"')
     body = f"""\
 # ipyparallel engines for a notebook (guide_utils.cluster.interactive)
 # site profile: {site.file}
@@ -140,6 +151,10 @@ export GUIDE_ROOT={shlex.quote(str(repo_root()))} GUIDE_SITE={shlex.quote(site.f
 source "$GUIDE_ROOT/slurm_examples/lib/guide.sh"
 guide_load_site
 guide_software
+# The engines are one MPI world, like Horovod's ranks: the training's srun options for that.
+# shellcheck disable=SC2034  # read by guide_task_options
+GUIDE_DIST=horovod GUIDE_LAUNCH={kind}
+guide_task_options
 echo "== ipyparallel engines: job $SLURM_JOB_ID, $SLURM_NTASKS on $SLURM_JOB_NODELIST"
 echo "== their controller: {host}:{port}"
 # The engines live for the notebook: when its controller stops answering, give the nodes back.

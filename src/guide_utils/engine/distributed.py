@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import GuideError
+from ..runtime.gpus import device_index
 from ..runtime.launch import require_launcher
 
 KINDS = ("none", "horovod", "ddp")
@@ -138,9 +139,8 @@ def _pick_device(local_rank: int):
 
     if torch.cuda.is_available():
         # One process per GPU: without set_device every rank on a node would allocate on GPU 0.
-        # A task that sees only its own GPU (srun --gpus-per-task or --gpu-bind, which set
-        # CUDA_VISIBLE_DEVICES per task) finds it as GPU 0 whatever its local rank.
-        index = local_rank % torch.cuda.device_count()
+        # The rule is runtime.gpus's, which `python -m guide_utils doctor --tasks` checks too.
+        index = device_index(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")

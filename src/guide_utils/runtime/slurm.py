@@ -59,7 +59,11 @@ def _gpus_per_node(env: Mapping[str, str]) -> int | None:
     """GPUs per node from whichever request syntax the job used.
 
     ``--gpus-per-node=4``, ``--gpus-per-node=a100:4`` and ``--gres=gpu:v100:4`` all end in
-    the count; a bare ``--gres=gpu`` means one.
+    the count; a bare ``--gres=gpu`` means one. Where Slurm exports none of those (22.05
+    with ``--gres`` or ``--gpus-per-task``), the GPUs it gave this node.
+
+    >>> _gpus_per_node({"SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_TASK": "1"})
+    4
     """
     for name in ("SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS_PER_NODE"):
         value = env.get(name)
@@ -70,7 +74,8 @@ def _gpus_per_node(env: Mapping[str, str]) -> int | None:
         fields = re.sub(r"\(.*?\)", "", item).split(":")  # drop "(IDX:0-3)" annotations
         if fields[0] == "gpu":
             return int(fields[-1]) if fields[-1].isdigit() else 1
-    return None
+    on_node = env.get("SLURM_GPUS_ON_NODE", "")
+    return int(on_node) if on_node.isdigit() and int(on_node) > 0 else None
 
 
 @dataclass(frozen=True)

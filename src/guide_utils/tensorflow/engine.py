@@ -22,23 +22,43 @@ and rescales momentum, so its values differ (see ``schedules.keras_callback``); 
 needs one of Keras's *legacy* optimizers, which is why this door uses
 ``tf.keras.optimizers.legacy.SGD`` (Horovod 0.28.1 wraps those reliably).
 
-Checkpoints (``--checkpoint-dir``) are written by rank 0 only, after every epoch, and every
-worker restores the newest one at start: on a shared filesystem a rerun resumes at the last
-finished epoch.
+Checkpoints (``--checkpoint-dir``) are written after every epoch, and every worker restores
+the newest one at start: on a shared filesystem a rerun resumes at the last finished epoch and
+continues its run record. Under Horovod rank 0 writes them; under MWMS every worker must take
+part in a save, so the chief writes the directory and the others a temporary folder they
+delete (TensorFlow's multi-worker recipe, the one Keras's ``BackupAndRestore`` follows).
+``BackupAndRestore`` itself is not used: it restores inside ``fit`` (the run record must know
+the epoch before), deletes its backup when ``fit`` ends (no raising ``--epochs`` later), has
+every Horovod rank write one folder, and saves on preemption only on Google Cloud. Each
+epoch's data order follows from the seed and the epoch alone, so a resumed run trains on the
+batches an unbroken one does (BatchNorm's moving statistics, kept per worker under MWMS, come
+back as their mean over the workers).
+
+With ``--checkpoint-dir``, SIGTERM/SIGUSR1 (Slurm's warning before the time limit) stop the
+run like the PyTorch engine's: the workers agree every ``STOP_CHECK_EVERY`` steps and at each
+epoch's end whether any of them got one, stop, and the door exits 75 (``EXIT_REQUEUE``). Unlike
+the PyTorch engine it does not save mid-epoch: Keras's ``fit`` cannot start part-way through an
+epoch (``BackupAndRestore`` can only through Keras internals, and restarts the data instead of
+skipping what was trained), so a stop mid-epoch resumes from the last epoch's checkpoint and
+redoes that epoch's steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from ..core.config import TrainConfig
 from ..engine.bookkeeping import RunBook, environment, weights_digest
-from ..engine.loop import RunResult
+from ..engine.checkpoint import ensure_writable
+from ..engine.loop import EXIT_REQUEUE, STOP_CHECK_EVERY, RunResult
 from ..engine.plan import RunPlan
+from ..engine.signals import StopFlag
 from ..core.errors import GuideError
 from .data import build_tf_data
 from .models import build_keras_model, check_model_name
@@ -63,13 +83,12 @@ def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
         if on(cfg):
             raise GuideError(f"{flag} applies to the PyTorch engine only; drop it for python -m guide_utils.train_tf")
     check_model_name(cfg.model)  # before seconds of start-up and data generation
+    if cfg.checkpoint_dir:
+        ensure_writable(Path(cfg.checkpoint_dir))  # fail before any work is done
     import tensorflow as tf
 
     check_versions(tf.__version__, keras_version())
     dist = init(cfg.dist)
-    if cfg.checkpoint_dir and dist.kind == "mwms":
-        raise GuideError("--checkpoint-dir is not wired for --dist mwms (TensorFlow needs every worker to save); "
-                         "use --dist horovod, or tf.keras.callbacks.BackupAndRestore in your own script")
     # The same seed for the data everywhere (MWMS slices every global batch by position, so
     # all workers must shuffle alike); then, under Horovod, different initial weights per
     # worker, which rank 0's broadcast must make equal.
@@ -78,43 +97,86 @@ def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
     local_batch = cfg.per_worker_batch if dist.kind != "mwms" else cfg.per_worker_batch * dist.size
     plan = RunPlan.make(cfg, workers=dist.size, samples_per_worker=data.train_size, data_name=data.name,
                         local_batch=local_batch)
-    train_ds, val_ds = _pipelines(cfg, data, dist, local_batch)
+    checkpoints = _Checkpoints(cfg, dist, meta={
+        "framework": "tensorflow", "model": cfg.model, "data": data.name, "num_classes": data.num_classes,
+        "per_worker_batch": cfg.per_worker_batch, "workers": plan.workers})
+    train_ds, val_ds = _pipelines(cfg, data, dist, local_batch, plan.steps_per_epoch, checkpoints.start_epoch)
     if dist.kind == "horovod":
         tf.random.set_seed(cfg.seed + dist.rank)
     model, optimizer = _model(cfg, plan, data, dist)
-    checkpoints = _Checkpoints(cfg, model, optimizer, meta={
-        "framework": "tensorflow", "model": cfg.model, "data": data.name, "num_classes": data.num_classes,
-        "per_worker_batch": cfg.per_worker_batch, "workers": plan.workers})
+    checkpoints.restore(model, optimizer)
     book = RunBook(cfg, plan, framework="tensorflow", prefix="[train_tf]", is_root=dist.is_root,
                    data=f"{data.name}: {data.input_shape} inputs, {data.num_classes} classes",
                    environment=lambda: _environment(dist), run_name=checkpoints.run_name or cfg.run_name,
                    resume=checkpoints.start_epoch > 0,
                    resuming=f", resuming at epoch {checkpoints.start_epoch}" if checkpoints.start_epoch else "")
-    if dist.is_root:
-        checkpoints.write_meta(book.run_name)
+    checkpoints.write_meta(book.run_name)
     result = RunResult(run_name=book.run_name, record_path=book.record_path, completed_epochs=checkpoints.start_epoch)
     try:
-        if checkpoints.start_epoch < cfg.epochs:
-            cbs = [*_callbacks(cfg, plan, dist, book, checkpoints, result.epochs), *(callbacks or [])]
-            model.fit(train_ds, epochs=cfg.epochs, initial_epoch=checkpoints.start_epoch,
-                      steps_per_epoch=plan.steps_per_epoch, validation_data=val_ds, callbacks=cbs, verbose=0)
-            result.completed_epochs = cfg.epochs
-        else:
-            book.say(f"the checkpoint has already completed {checkpoints.start_epoch} epoch(s), --epochs is "
-                     f"{cfg.epochs}: nothing to train (raise --epochs to continue)")
+        _fit(cfg, plan, dist, model, (train_ds, val_ds), book, checkpoints, result, callbacks)
     finally:
         book.close()
     result.weights_digest = weights_digest((w.name, w.numpy()) for w in model.trainable_weights)
-    book.finish(completed_epochs=result.completed_epochs, digests=dist.allgather_object(result.weights_digest))
+    digests = dist.allgather_object(result.weights_digest)
+    if not result.preempted:
+        book.finish(completed_epochs=result.completed_epochs, digests=digests)
     return result
 
 
-def _pipelines(cfg: TrainConfig, data, dist, local_batch: int):
-    """Shuffled, batched, repeated training data and batched validation data."""
+class _Stopped(Exception):
+    """Leaves ``model.fit`` mid-epoch on every worker at once (``stop_training`` would still
+    validate the partial epoch first)."""
+
+
+def _fit(cfg: TrainConfig, plan: RunPlan, dist, model, data, book: RunBook, checkpoints: _Checkpoints,
+         result: RunResult, extra: list | None) -> None:
+    """``model.fit`` over the epochs still to train; with ``--checkpoint-dir`` a stop signal
+    ends it early and marks ``result`` preempted."""
+    start = checkpoints.start_epoch
+    if start >= cfg.epochs:
+        book.say(f"the checkpoint has already completed {start} epoch(s), --epochs is {cfg.epochs}: "
+                 "nothing to train (raise --epochs to continue)")
+        return
+    # Signals are caught only when there is somewhere to save: without a checkpoint
+    # directory, SIGTERM keeps its default meaning (stop now).
+    stop = StopFlag()
+    watch = _stop_callback(cfg, plan, dist, stop)
+    cbs = [*_callbacks(cfg, plan, dist, book, checkpoints, result), *([watch] if cfg.checkpoint_dir else []),
+           *(extra or [])]
+    with stop if cfg.checkpoint_dir else contextlib.nullcontext():
+        with contextlib.suppress(_Stopped):
+            model.fit(data[0], epochs=cfg.epochs, initial_epoch=start, steps_per_epoch=plan.steps_per_epoch,
+                      validation_data=data[1], callbacks=cbs, verbose=0)
+    if watch.stopped_at is None:
+        return
+    epoch, step = watch.stopped_at
+    result.preempted = True
+    book.event("preempted", epoch=epoch, step=step, signal=stop.signum)
+    done, by = result.completed_epochs, f"signal {stop.signum}" if stop.signum else "a signal to another worker"
+    saved = (f"checkpoint saved at epoch {done}" if step == 0 else
+             f"stopped {step} steps into epoch {epoch + 1}; a rerun resumes from the checkpoint of epoch {done} and "
+             "redoes them (this door saves at epoch ends)" if done else
+             f"stopped {step} steps into epoch {epoch + 1}, before the first checkpoint: a rerun starts over")
+    book.say(f"stop requested ({by}): {saved}; exit {EXIT_REQUEUE} asks the batch script to requeue")
+
+
+def _pipelines(cfg: TrainConfig, data, dist, local_batch: int, steps: int, start_epoch: int):
+    """The training batches of the epochs from ``start_epoch`` on, and batched validation data.
+
+    Epoch e reads the first ``steps`` batches of a permutation drawn from (seed, e), and
+    augments sample i with the seed (seed, (e + 1) * 2**32 + i): a run resumed at epoch k
+    trains on what an unbroken run does from epoch k on, without reading the epochs before."""
     import tensorflow as tf
 
-    train = (data.train.shuffle(min(data.train_size, 50_000), seed=cfg.seed, reshuffle_each_iteration=True)
-             .batch(local_batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE))
+    seed, count = tf.constant(cfg.seed, tf.int64), steps * local_batch
+
+    def epoch(e):
+        order = tf.random.experimental.stateless_shuffle(data.positions, seed=tf.stack([seed, e]))[:count]
+        seeds = tf.stack([tf.fill([count], seed), (e + 1) * 2**32 + order], axis=1)
+        return tf.data.Dataset.from_tensor_slices((order, seeds))
+
+    samples = data.read(tf.data.Dataset.range(start_epoch, cfg.epochs).flat_map(epoch))
+    train = samples.batch(local_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     val = data.val.batch(local_batch).prefetch(tf.data.AUTOTUNE)
     if dist.kind == "mwms":
         opts = tf.data.Options()
@@ -125,8 +187,6 @@ def _pipelines(cfg: TrainConfig, data, dist, local_batch: int):
 
 def _model(cfg: TrainConfig, plan: RunPlan, data, dist):
     """The compiled Keras model (inside the strategy's scope for MWMS) and its optimizer."""
-    import contextlib
-
     import tensorflow as tf
 
     with dist.strategy.scope() if dist.strategy else contextlib.nullcontext():
@@ -144,46 +204,73 @@ def _model(cfg: TrainConfig, plan: RunPlan, data, dist):
 
 class _Checkpoints:
     """``tf.train.CheckpointManager`` in ``--checkpoint-dir`` plus a JSON file that says
-    which run the checkpoints belong to; restores the newest on every worker."""
+    which run the checkpoints belong to; every worker restores the newest. Under MWMS every
+    worker saves (BatchNorm's moving statistics are ON_READ variables: reading them for a save
+    is an all-reduce), the chief into the directory, the others into a temporary folder they
+    delete afterwards."""
 
-    def __init__(self, cfg: TrainConfig, model, optimizer, meta: dict):
-        self.cfg, self.meta = cfg, meta
-        self.manager, self.start_epoch, self.run_name = None, 0, None
+    def __init__(self, cfg: TrainConfig, dist, meta: dict):
+        self.cfg, self.dist, self.meta = cfg, dist, meta
+        self.latest, self.writer, self.start_epoch, self.run_name = None, None, 0, None
         if not cfg.checkpoint_dir:
             return
         import tensorflow as tf
 
-        directory = Path(cfg.checkpoint_dir)
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
-        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
-        self.manager = tf.train.CheckpointManager(ckpt, str(directory), max_to_keep=cfg.keep_checkpoints)
-        if self.manager.latest_checkpoint:
-            saved = _read_meta(directory / "guide_meta.json")
+        self.directory = Path(cfg.checkpoint_dir)
+        self.temp = self.directory / f"workertemp_{dist.rank}"
+        self.latest = tf.train.latest_checkpoint(str(self.directory))
+        if self.latest:  # known before the data pipeline is built: it starts at this epoch
+            saved = _read_meta(self.directory / "guide_meta.json")
             different = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
             if different:
                 k, (old, new) = next(iter(different.items()))
-                raise GuideError(f"{directory} holds a checkpoint of a different run ({k}: {old} there, {new} now); "
-                                 "choose another --checkpoint-dir")
-            try:
-                ckpt.restore(self.manager.latest_checkpoint)  # every worker reads the same file
-            except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
-                raise GuideError(f"cannot read checkpoint {self.manager.latest_checkpoint} ({type(exc).__name__}); "
-                                 "remove it to start over, or choose another --checkpoint-dir") from None
-            self.start_epoch, self.run_name = int(self.epoch.numpy()), saved.get("run_name")
+                raise GuideError(f"{self.directory} holds a checkpoint of a different run ({k}: {old} there, {new} "
+                                 "now); choose another --checkpoint-dir")
+            self.start_epoch = int(self._read(lambda: tf.train.load_variable(self.latest, _EPOCH_KEY)))
+            self.run_name = saved.get("run_name")
+
+    def _read(self, what):
+        try:
+            return what()
+        except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
+            raise GuideError(f"cannot read checkpoint {self.latest} ({type(exc).__name__}); remove it to start over, "
+                             "or choose another --checkpoint-dir") from None
+
+    def restore(self, model, optimizer) -> None:
+        """Load the newest checkpoint (every worker reads the same file) and set up the saving."""
+        if not self.cfg.checkpoint_dir:
+            return
+        import tensorflow as tf
+
+        self.epoch = tf.Variable(self.start_epoch, dtype=tf.int64, trainable=False)
+        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
+        if self.latest:
+            self._read(lambda: ckpt.restore(self.latest))
+        if self.dist.is_root:
+            self.writer = tf.train.CheckpointManager(ckpt, str(self.directory), max_to_keep=self.cfg.keep_checkpoints)
+        elif self.dist.kind == "mwms":
+            self.writer = tf.train.CheckpointManager(ckpt, str(self.temp), max_to_keep=1)
 
     def write_meta(self, run_name: str | None) -> None:
-        if self.manager is None:
+        """Rank 0 notes which run (settings, record name) the checkpoints belong to."""
+        if not (self.cfg.checkpoint_dir and self.dist.is_root):
             return
-        path = Path(self.cfg.checkpoint_dir) / "guide_meta.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "guide_meta.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({**self.meta, "run_name": run_name}))
         os.replace(tmp, path)
 
     def save(self, epochs_done: int) -> None:
-        if self.manager is not None:
-            self.epoch.assign(epochs_done)
-            self.manager.save(checkpoint_number=epochs_done)
+        """Every worker calls this at the end of every epoch; it saves where this worker must."""
+        if self.writer is None:
+            return
+        self.epoch.assign(epochs_done)
+        self.writer.save(checkpoint_number=epochs_done)
+        if not self.dist.is_root:
+            shutil.rmtree(self.temp, ignore_errors=True)
+
+
+_EPOCH_KEY = "epoch/.ATTRIBUTES/VARIABLE_VALUE"  # the epoch variable's name inside the checkpoint
 
 
 def _read_meta(path: Path) -> dict:
@@ -202,7 +289,7 @@ def _environment(dist) -> dict[str, Any]:
 
 
 def _callbacks(cfg: TrainConfig, plan: RunPlan, dist, book: RunBook, checkpoints: _Checkpoints,
-               rows: list) -> list:
+               result: RunResult) -> list:
     """Horovod's callbacks (broadcast, metric averaging), the learning-rate schedule, and the
     guide's per-epoch bookkeeping, in the order Horovod prescribes."""
     from ..core.schedules import keras_callback
@@ -212,12 +299,13 @@ def _callbacks(cfg: TrainConfig, plan: RunPlan, dist, book: RunBook, checkpoints
         # Broadcast first, then average metrics before anyone reads them.
         cbs += [dist.hvd.callbacks.BroadcastGlobalVariablesCallback(0), dist.hvd.callbacks.MetricAverageCallback()]
     cbs.append(keras_callback(steps_per_epoch=plan.steps_per_epoch, **plan.schedule))
-    cbs.append(_epoch_callback(cfg, plan, dist, book, checkpoints, rows))
+    cbs.append(_epoch_callback(cfg, plan, dist, book, checkpoints, result))
     return cbs
 
 
-def _epoch_callback(cfg: TrainConfig, plan: RunPlan, dist, book: RunBook, checkpoints: _Checkpoints, rows: list):
-    """Per epoch: throughput, the record line, the printed line and (rank 0) the checkpoint."""
+def _epoch_callback(cfg: TrainConfig, plan: RunPlan, dist, book: RunBook, checkpoints: _Checkpoints,
+                    result: RunResult):
+    """Per epoch: throughput, the record line, the printed line and the checkpoint."""
     import tensorflow as tf
 
     from ..core.throughput import ThroughputMeter
@@ -238,9 +326,34 @@ def _epoch_callback(cfg: TrainConfig, plan: RunPlan, dist, book: RunBook, checkp
                    "val_loss": logs.get("val_loss"), "val_top1_err": 100.0 * (1 - logs["val_top1"]),
                    "val_top5_err": 100.0 * (1 - logs["val_top5"]),
                    "images_per_second": rate, "seconds": time.perf_counter() - self.start}
-            rows.append(row)
-            if dist.is_root:
-                checkpoints.save(epoch + 1)
+            result.epochs.append(row)
+            result.completed_epochs = epoch + 1
+            checkpoints.save(epoch + 1)
             book.epoch(row)
 
     return EpochBookkeeping()
+
+
+def _stop_callback(cfg: TrainConfig, plan: RunPlan, dist, stop: StopFlag):
+    """Asks every ``STOP_CHECK_EVERY`` steps and after each epoch's checkpoint whether any
+    worker got a stop signal; all workers ask at the same steps, so all stop together."""
+    import tensorflow as tf
+
+    class StopOnSignal(tf.keras.callbacks.Callback):
+        stopped_at: tuple[int, int] | None = None  # (epoch, step) of the stop
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = batch + 1  # the last step is left to on_epoch_end: that epoch is then saved
+            if step % STOP_CHECK_EVERY == 0 and step < plan.steps_per_epoch and dist.any_worker(bool(stop.signum)):
+                self.stopped_at = (self.epoch, step)
+                raise _Stopped
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch + 1 < cfg.epochs and dist.any_worker(bool(stop.signum)):
+                self.stopped_at = (epoch + 1, 0)
+                self.model.stop_training = True
+
+    return StopOnSignal()

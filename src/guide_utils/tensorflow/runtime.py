@@ -11,7 +11,7 @@ guide_utils.core.errors.GuideError: TensorFlow 2.16.1 with Keras 3.3.3: Horovod 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import GuideError
@@ -54,6 +54,7 @@ class TFDist:
     local_rank: int = 0
     hvd: Any = None
     strategy: Any = None
+    _sum: Any = field(default=None, repr=False)
 
     @property
     def is_root(self) -> bool:
@@ -65,6 +66,25 @@ class TFDist:
 
             return horovod.tensorflow.allgather_object(obj)
         return [obj]  # mwms: mirrored variables are kept identical by the strategy itself
+
+    def any_worker(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any worker: a collective, so every worker must ask at the
+        same point of the run (a stop signal may reach only some of them)."""
+        import tensorflow as tf
+
+        if self.kind == "horovod":
+            import horovod.tensorflow
+
+            total = horovod.tensorflow.allreduce(tf.constant([float(flag)]), op=horovod.tensorflow.Sum,
+                                                 name="guide_stop")
+            return float(total[0]) > 0
+        if self.kind == "mwms":
+            if self._sum is None:  # traced once: a collective over every replica of every worker
+                strategy = self.strategy
+                self._sum = tf.function(lambda x: strategy.reduce(
+                    tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(x,)), axis=None))
+            return float(self._sum(tf.constant(float(flag)))) > 0
+        return flag
 
 
 def init(kind: str) -> TFDist:

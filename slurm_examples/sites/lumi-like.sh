@@ -1,0 +1,63 @@
+# shellcheck shell=bash disable=SC2034  # every value is read by slurm_examples/lib/guide.sh
+# Illustrative; check your centre's user guide. The layout of LUMI-G (HPE Cray, Slingshot):
+# 4 MI250X per node, each two GCDs that Slurm and ROCm count as one GPU each, so 8 GPUs per
+# node; one 64-core CPU. Software from CSC's PyTorch module (ROCm) with a venv on top, no
+# container, no forced module purge. Not run on LUMI; values marked "placeholder" are ours,
+# the others are from these pages:
+#   https://docs.lumi-supercomputer.eu/hardware/lumig/  8 GCDs, no local disk, 4 Slingshot NICs
+#   https://docs.lumi-supercomputer.eu/runjobs/scheduled-jobs/partitions/  standard-g, small-g
+#   https://docs.lumi-supercomputer.eu/runjobs/scheduled-jobs/distribution-binding/  56 cores, masks
+#   https://docs.lumi-supercomputer.eu/runjobs/lumi_env/storing-data/  /project, /scratch, /tmp in memory
+#   https://github.com/Lumi-supercomputer/LUMI-AI-Guide  (05 multi-GPU, 04 data storage) RCCL variables, --mem
+#   https://lumi-supercomputer.github.io/LUMI-training-materials/  (2day-20250602: Slurm, CPE, modules)
+#   https://docs.csc.fi/apps/pytorch/  `module use /appl/local/csc/modulefiles/`, then module load pytorch
+#   https://github.com/HewlettPackard/shs-ccl-docs  HPE's libfabric settings for NCCL/RCCL on Slingshot
+GUIDE_ACCOUNT="project_465000000"  # placeholder: your LUMI project
+# Whole nodes: CPU binding as below is meant for full-node allocations only (LUMI's binding
+# page). For one GCD (01) copy this file with GUIDE_PARTITION=small-g and GUIDE_SRUN_ARGS=().
+GUIDE_PARTITION=standard-g
+GUIDE_TASKS_PER_NODE=8             # one task per GCD
+GUIDE_CPUS_PER_TASK=7              # 56 usable cores / 8: the first core of each 8-core L3 group is reserved
+GUIDE_GPU_REQUEST="--gpus-per-node=%d"
+# Each task's 7 cores next to its GCD: task N drives GCD N (the engine picks the GPU by local
+# rank), and GCDs 0-7 sit on NUMA nodes 3,3,1,1,0,0,2,2, so the masks are LUMI's, in that
+# order. SMT: LUMI's Slurm counts a core as one CPU and starts job steps without the second
+# hardware thread (--hint=nomultithread is its default); the masks name each core's first
+# thread (ids 0-63; 64-127 are the second threads). Using both needs --hint=multithread in
+# GUIDE_SBATCH_EXTRA and the sibling bits in every mask: not done here.
+GUIDE_SRUN_ARGS=("--cpu-bind=mask_cpu:fe000000000000,fe00000000000000,fe0000,fe000000,fe,fe00,fe00000000,fe0000000000")
+# No node-local disk: /tmp is in memory and counts against the job's memory; on standard-g
+# about 460 GB of it can hold files, and the unpacked dataset must fit there beside the job.
+GUIDE_SCRATCH=/tmp
+GUIDE_SOFTWARE=modules
+# CSC's PyTorch modules live outside LUMI's default module path. Putting the folder on
+# MODULEPATH is what `module use` does; here it works before any module command runs.
+[[ :${MODULEPATH:-}: == *:/appl/local/csc/modulefiles:* ]] ||
+    export MODULEPATH=/appl/local/csc/modulefiles${MODULEPATH:+:$MODULEPATH}
+GUIDE_MODULES="pytorch/2.5"        # 2.5.1 with ROCm 6.2 on the CSC page we read; no Horovod from 2.1 on
+# Cray systems preload their programming environment as modules; LUMI reloads its sticky
+# ones on a purge, which its course notes warn may have side effects. So no purge.
+GUIDE_MODULE_PURGE=no
+# The guide's small packages in a venv that also sees the module's (CSC's Python guide):
+#   module load pytorch/2.5; python3 -m venv --system-site-packages /project/project_465000000/guide-venv
+#   then activate it and pip install "guide_utils' own needs" from requirements.txt. (Where a
+#   module's wrappers refuse a venv, use PYTHONUSERBASE and pip install --user: puhti-like.sh.)
+GUIDE_VENV=/project/project_465000000/guide-venv  # placeholder project
+# One large sequential read per node; /flash (LUMI-F) reads about 10x faster but is billed more.
+GUIDE_DATASET_ARCHIVE=/scratch/project_465000000/datasets/ilsvrc2012.tar  # placeholder
+GUIDE_DATASET_NAME=ilsvrc2012      # placeholder: the folder in the archive with train/ and val/
+GUIDE_TRAIN_PROFILE=full
+GUIDE_TRAIN_ARGS=()                # e.g. (--amp bf16)
+# Cray MPICH has no mpirun: srun starts MPI programs, through Slurm's plugin for the HPE Cray
+# PMI. LAUNCHER=mpirun in 03 therefore stops with one line here; Horovod under srun would also
+# need a Horovod built against Cray MPICH, which the module above does not include.
+GUIDE_SRUN_MPI=cray_shasta
+GUIDE_SBATCH_EXTRA=(--mem=480G)    # what LUMI's AI guide asks for a full node
+# RCCL reads the NCCL_* names. Without the Slingshot interfaces RCCL tries one it cannot use
+# and inter-node GPU traffic fails; PHB lets GPU RDMA reach the NIC next to each GCD (the
+# default from ROCm 6.2 on). Check with NCCL_DEBUG=INFO once that the network RCCL names is
+# the libfabric (OFI) plugin, not sockets.
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB
+# HPE's libfabric settings for NCCL/RCCL on Slingshot: a registration-cache monitor that
+# notices remapped pages, no provider calls that may deadlock, a larger completion queue.
+export FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DISABLE_HOST_REGISTER=1 FI_CXI_DEFAULT_CQ_SIZE=131072

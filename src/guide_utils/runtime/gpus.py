@@ -1,0 +1,49 @@
+"""Which GPUs a process may use, and which of them a rank takes: one rule, shared by the
+engine (``engine.distributed``) and the per-task check (``cluster.doctor_tasks``), so that
+the check judges the GPU the training will really use. No torch here: the check runs in
+every task of a job and must start at once.
+
+Slurm's GRES plugin (and a launcher, or the user) names the GPUs in a device list:
+``CUDA_VISIBLE_DEVICES`` on NVIDIA nodes, ``ROCR_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES``
+on AMD ones; a process sees only those, numbered from 0.
+
+>>> visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"}), visible_devices({"ROCR_VISIBLE_DEVICES": "2"})
+(['0', '1'], ['2'])
+>>> visible_devices({"CUDA_VISIBLE_DEVICES": ""}), visible_devices({}) is None
+([], True)
+>>> [device_index(local_rank, 2) for local_rank in range(4)]
+[0, 1, 0, 1]
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+# Device lists, in the order the first one set wins (CUDA's is also what HIP reads).
+VISIBLE = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+# Values that hide every GPU: Slurm writes NoDevFiles for a step without GPUs; CUDA stops at -1.
+NO_DEVICES = ("", "-1", "NoDevFiles")
+
+
+def device_variable(env: Mapping[str, str]) -> str | None:
+    """The name of the first device list that is set in ``env`` (even to nothing); None if none is."""
+    return next((name for name in VISIBLE if name in env), None)
+
+
+def visible_devices(env: Mapping[str, str]) -> list[str] | None:
+    """The GPUs this process may use, as its device list names them: [] when the list hides
+    them all, None when no list is set (the process sees every GPU of the node)."""
+    name = device_variable(env)
+    if name is None:
+        return None
+    value = env[name].strip()
+    return [] if value in NO_DEVICES else [d.strip() for d in value.split(",") if d.strip()]
+
+
+def device_index(local_rank: int, count: int) -> int:
+    """Which of ``count`` visible GPUs the rank with ``local_rank`` on its node uses: its own
+    when every task of the node sees all of them, GPU 0 when each task sees only its own
+    (srun --gpus-per-task or --gpu-bind set the device list per task)."""
+    if count < 1:
+        raise ValueError(f"no GPU to choose from (count={count})")
+    return local_rank % count
