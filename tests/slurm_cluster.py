@@ -221,6 +221,7 @@ ProctrackType=proctrack/linuxproc
 # Tasks are bound to the CPUs Slurm allocates them (sched_setaffinity), as on a real
 # cluster: a step that did not get --cpus-per-task really gets fewer CPUs.
 TaskPlugin=task/affinity
+TaskPluginParam=None
 GresTypes=gpu
 SelectType=select/cons_tres
 # CPUs (hardware threads) are the unit, so a machine with SMT still fits two tasks per core.

@@ -128,7 +128,7 @@ JOBS: dict[str, Job] = {
     "test_a_horovod_job_without_horovod_stops_at_the_doctor":
         Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun"}, broken_horovod=True, full_doctor=True),
     "test_single_gpu_baseline_requeues_when_warned_and_finishes":
-        Job("01_single_gpu_baseline.sbatch", train=("--epochs", "4", "--max-steps-per-epoch", "20"),
+        Job("01_single_gpu_baseline.sbatch", train=("--epochs", "3", "--max-steps-per-epoch", "20"),
             usr1_after_epoch=True),
     "test_dependency_chain_resumes_from_the_previous_jobs_checkpoint":
         Job("01_single_gpu_baseline.sbatch", via="chain", train=SHORT),
@@ -425,7 +425,7 @@ def test_single_gpu_baseline_requeues_when_warned_and_finishes(jobs):
     assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log
     assert "stack usable: not checked (--quick) (for --framework pytorch --dist none)" in log  # GUIDE_DOCTOR=quick
     (run,) = jobs.runs()  # one record, continued across restarts
-    _finished(run, 4)
+    _finished(run, 3)
     assert [e for e in run.events if e["type"] == "resume"], "no resume recorded"
     assert run.environment["workers"] == 1
 
@@ -630,7 +630,9 @@ def test_each_task_gets_the_cpus_the_job_asked_for(jobs):
     jobs.wait_completed()
     (run,) = jobs.runs()
     _finished(run, 1)
-    assert "--cpu-bind=cores" in jobs.log()
+    log = jobs.log()
+    assert "site srun options: --cpu-bind=cores" in log, log[-3000:]
+    assert re.search(r"^guide-n[12] +1 task\(s\), 2 CPU\(s\) each \(asked 2\)", log, re.M), log[-3000:]
 
 
 @pytest.mark.parametrize("like", ["puhti-like", "perlmutter-like"])

@@ -216,7 +216,7 @@ guide_check_tasks() {
     [[ -n ${SLURM_JOB_ID:-} ]] || { echo "== tasks: not in a Slurm job, not checked"; return 0; }
     local per_node=$((SLURM_NTASKS / SLURM_JOB_NUM_NODES)) probe=(python -m guide_utils task-probe)
     case $GUIDE_LAUNCH in
-        tasks) srun "${GUIDE_SRUN_TASKS[@]}" "${probe[@]}" ;;
+        tasks) srun "${GUIDE_SRUN_TASKS[@]/#--mpi=*/--mpi=none}" "${probe[@]}" ;;  # the probe needs no MPI
         node) srun "${GUIDE_SRUN_NODES[@]}" "${probe[@]}" --local "$per_node" ;;
         shell) ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} "${probe[@]}" --local "$per_node" ;;
     esac | ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --tasks - ||
