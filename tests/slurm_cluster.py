@@ -219,7 +219,11 @@ SlurmdLogFile={r}/log/slurmd-%n.log
 TmpFS={r}/tmpfs-%n
 ProctrackType=proctrack/linuxproc
 # Tasks are bound to the CPUs Slurm allocates them (sched_setaffinity), as on a real
-# cluster: a step that did not get --cpus-per-task really gets fewer CPUs.
+# cluster: a step that did not get --cpus-per-task really gets fewer CPUs. Each task is
+# bound to its own share where the job asks (--cpu-bind=cores, as sites' profiles do: the
+# Perlmutter-like one, the tests of the per-task check); otherwise the tasks of a step share
+# its CPUs (TaskPluginParam=None), so that the tasks of the test jobs, which share the
+# machine's few cores, are not each pinned to one of them.
 TaskPlugin=task/affinity
 TaskPluginParam=None
 GresTypes=gpu

@@ -287,3 +287,12 @@ def test_the_books_dry_runs_of_the_three_profiles_are_what_submit_sh_prints():
         assert out.returncode == 0, out.stderr
         printed = out.stdout.replace(f" {REPO / script}", f" {script}")
         assert printed.startswith(line + " "), (line, printed)
+
+
+@pytest.mark.parametrize("site", EXPECTED)
+def test_a_stalled_horovod_job_ends_instead_of_idling(site):
+    """Each worked profile sets Horovod's stall shutdown, which acts only when it is longer
+    than the stall warning (horovodrun --help); its default, 0, never ends the job."""
+    values = profile_values(site, "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
+    (check,), (shutdown,) = values["HOROVOD_STALL_CHECK_TIME_SECONDS"], values["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]
+    assert 0 < int(check) < int(shutdown), values

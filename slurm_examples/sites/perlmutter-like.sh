@@ -49,3 +49,8 @@ GUIDE_SRUN_MPI=cray_shasta
 # Check with NCCL_DEBUG=INFO once that NCCL says it loaded the plugin, not sockets.
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB
 export FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DISABLE_HOST_REGISTER=1 FI_CXI_DEFAULT_CQ_SIZE=131072
+# Horovod (DIST=horovod): when some ranks wait for others that never send their tensors (a
+# hung node, a rank stuck in I/O), Horovod warns after 60 s and by default never stops, so
+# the job idles until its time limit. Ours: warn at 2 minutes, shut down at 10 (Horovod
+# shuts down only when that is longer than the warning time; see horovodrun --help).
+export HOROVOD_STALL_CHECK_TIME_SECONDS=120 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600

@@ -40,3 +40,8 @@ GUIDE_SRUN_MPI=pmix
 # Memory in proportion to the GPUs (CSC's rule of thumb, about 95 GB per GPU): 9 GB per core
 # is 90 GB per GPU with 10 cores each, 360 GB for a whole node. Billing counts what is asked.
 GUIDE_SBATCH_EXTRA=(--mem-per-cpu=9G)
+# Horovod (DIST=horovod): when some ranks wait for others that never send their tensors (a
+# hung node, a rank stuck in I/O), Horovod warns after 60 s and by default never stops, so
+# the job idles until its time limit. Ours: warn at 2 minutes, shut down at 10 (Horovod
+# shuts down only when that is longer than the warning time; see horovodrun --help).
+export HOROVOD_STALL_CHECK_TIME_SECONDS=120 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600
