@@ -644,3 +644,9 @@ def test_a_site_profile_runs_on_fake_gpus(jobs, like):
     (run,) = jobs.runs()
     _finished(run)
     assert run.environment["workers"] == 4
+    # The job's per-task report: on each node, each rank on its own (fake) GPU.
+    reports = re.findall(r"^guide-n[12] +2 task\(s\).*; GPU by rank: (.+)$", jobs.log(), re.M)
+    assert len(reports) == 2, jobs.log(3000)
+    for report in reports:
+        gpus = [pair.split(":")[1] for pair in report.split()]
+        assert len(set(gpus)) == 2 and "-" not in gpus and "?" not in gpus, report
