@@ -89,8 +89,7 @@ def _order(item) -> tuple[int, int]:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    stray = [i.nodeid for i in items if _uses_the_book(i) != _in_book_files(i.nodeid)
-             and _uses_the_book(i)]
+    stray = [i.nodeid for i in items if _uses_the_book(i) and not _in_book_files(i.nodeid)]
     if stray:
         raise pytest.UsageError(f"{stray[0]} reads the book build: move it to one of {BOOK_FILES} "
                                 "(they run as one unit after the build)")

@@ -380,6 +380,19 @@ def test_the_node_names_resolve_for_jobs_but_etc_hosts_is_untouched(cluster):
     assert [line.split()[0] for line in out.stdout.splitlines()] == ["127.0.0.1"] * len(NODES), out.stdout
 
 
+def test_concurrent_test_slurms_derive_disjoint_ports_from_their_job_ids(monkeypatch):
+    """Up to four pytest-xdist workers each run a test Slurm at once: the ports derived from
+    their job ids (rendezvous at 20000 + id % 10000, TensorFlow's from 1000 above it) must not
+    meet while each cluster runs fewer than 1000 jobs."""
+    ports = []
+    for worker in ("gw0", "gw1", "gw2", "gw3"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        first = slurm_cluster.first_job_id()
+        ids = range(first, first + 1000)
+        ports.append({20000 + i % 10000 for i in ids} | {21000 + i % 10000 for i in ids})
+    assert all(not (a & b) for k, a in enumerate(ports) for b in ports[k + 1:])
+
+
 def _fake(bin_dir: Path, name: str, body: str) -> None:
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
