@@ -21,9 +21,11 @@ book: setup
 	$(VENV)/bin/python scripts/browse_book.py _build || [ $$? -eq 3 ]
 
 # The whole suite: unit, doctests, multi-process, real Slurm jobs, the book build (each
-# notebook executed once). The slowest tests, by wall and by CPU time, are listed at the end.
+# notebook executed once), on every core (pytest-xdist; at most 4 workers: see
+# tests/slurm_cluster.py first_job_id). The slowest tests, by wall and by CPU time, are
+# listed at the end.
 test: setup
-	$(VENV)/bin/python -m pytest tests src --doctest-modules -p no:cacheprovider --durations=25 --cpu-durations=25
+	$(VENV)/bin/python -m pytest tests src --doctest-modules -p no:cacheprovider -n auto --maxprocesses=4 --durations=25 --cpu-durations=25
 
 # Pin every installed distribution after a change to requirements.txt (then commit the lock).
 lock:

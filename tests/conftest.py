@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -61,9 +63,15 @@ def make_image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog"),
 
 # --- the book, built once per session, in the background ------------------------------
 # The book build executes every notebook; nothing else in the session needs it until the
-# tests that read its output. So it starts as soon as the tests are collected and runs
-# beside them, and those tests run last.
+# tests that read its output (test_book*.py's readers, BOOK_FILES). So it starts as soon as
+# the tests are collected, beside them, and its readers run last. Under pytest-xdist the
+# controller owns the build (a worker may be shut down while another still reads it): the
+# workers find it by its folder, and its exit status in a file there once it has ended.
 
+# A JupyterHub configuration file (tests/test_jupyterhub.py), not a module to import.
+collect_ignore = ["jupyterhub_config.py"]
+
+BOOK_FILES = ("tests/test_book.py", "tests/test_book_browser.py")  # every reader of the build, only them
 _BOOK: dict = {}
 
 
@@ -71,50 +79,122 @@ def _uses_the_book(item) -> bool:
     return "built_book" in getattr(item, "fixturenames", ())
 
 
+def _in_book_files(nodeid: str) -> bool:
+    return nodeid.split("::", 1)[0] in BOOK_FILES
+
+
+def _order(item) -> tuple[int, int]:
+    """Slurm modules first (their jobs run beside everything else), the book's readers last."""
+    return (_in_book_files(item.nodeid), "slurm" not in item.keywords)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=_uses_the_book)  # stable: the book's readers last, in their own order
+    stray = [i.nodeid for i in items if _uses_the_book(i) != _in_book_files(i.nodeid)
+             and _uses_the_book(i)]
+    if stray:
+        raise pytest.UsageError(f"{stray[0]} reads the book build: move it to one of {BOOK_FILES} "
+                                "(they run as one unit after the build)")
+    items.sort(key=_order)  # stable: otherwise the files' order
+
+
+def _controller(config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if _controller(config):
+        _BOOK["out"] = Path(tempfile.mkdtemp(prefix="guide-book-"))
+    else:
+        # The book build is the longest single chain of work (its notebooks one after the
+        # other, a cell may take 600 s at most) and its readers wait for it: the xdist workers,
+        # and all they start (the test Slurm and its jobs included), yield the CPUs to it.
+        os.nice(10)
+
+
+def _start_book() -> None:
+    if "proc" in _BOOK:
+        return
+    out = _BOOK["out"]
+    _BOOK["started"] = time.time()
+    # The exit status goes to a file only after the build has ended: what the workers wait for.
+    _BOOK["proc"] = subprocess.Popen(
+        ["sh", "-c", '"$@" >"$0/build.log" 2>&1; echo $? >"$0/status.tmp"; mv "$0/status.tmp" "$0/status"',
+         str(out), sys.executable, str(REPO / "scripts" / "book.py"), "--path-output", str(out)],
+        start_new_session=True)
 
 
 def pytest_collection_finish(session):
-    if any(_uses_the_book(item) for item in session.items) and not _BOOK:
-        out = Path(tempfile.mkdtemp(prefix="guide-book-"))
-        log = open(out / "build.log", "w")
-        _BOOK.update(out=out, log=log, proc=subprocess.Popen(
-            [sys.executable, str(REPO / "scripts" / "book.py"), "--path-output", str(out)],
-            stdout=log, stderr=subprocess.STDOUT, text=True))
+    """Without xdist: this process collected and runs the tests."""
+    if _controller(session.config) and any(_uses_the_book(item) for item in session.items):
+        _start_book()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["guide_book"] = str(_BOOK["out"])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    if any(_in_book_files(nodeid) for nodeid in ids):
+        _start_book()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        """xdist's loadscope in the collection's order (Slurm modules first, the book last):
+        each test file is one unit, so its module fixtures (a test Slurm, a batch of jobs)
+        exist once; the book's readers are one unit."""
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "the book" if _in_book_files(nodeid) else nodeid.split("::", 1)[0]
+
+    return ByModule(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if not _controller(session.config) or "out" not in _BOOK:
+        return
     proc = _BOOK.get("proc")
     if proc is not None and proc.poll() is None:  # interrupted: do not leave the build running
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    if _BOOK:
-        _BOOK["log"].close()
-        if exitstatus == 0:
-            shutil.rmtree(_BOOK["out"], ignore_errors=True)
+    status = _BOOK["out"] / "status"
+    if status.exists():  # when the book, beside the tests, was ready
+        _BOOK["took"] = f"{status.stat().st_mtime - _BOOK['started']:.0f} s, exit status {status.read_text().strip()}"
+    if exitstatus == 0 or proc is None:
+        shutil.rmtree(_BOOK["out"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def built_book() -> Path:
+def built_book(request) -> Path:
     """The whole book, built once per session exactly as `make book` builds it (every notebook
     executed once), in a temporary directory; its ``_build`` folder. Every test that needs
     an executed notebook reads it from the build's execution cache (``test_book.executed``),
     and the HTML from ``_build/html``: no notebook runs twice."""
-    if not _BOOK:
-        pytest.fail("the book build did not start (no collected test asked for built_book)")
-    try:
-        code = _BOOK["proc"].wait(timeout=BOOK_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        _BOOK["proc"].kill()
-        pytest.fail(f"the book build took over {BOOK_TIMEOUT} s; its log: {_BOOK['out'] / 'build.log'}")
-    log = (_BOOK["out"] / "build.log").read_text()
+    config = request.config
+    out = Path(config.workerinput["guide_book"]) if not _controller(config) else _BOOK["out"]
+    status, deadline = out / "status", time.monotonic() + BOOK_TIMEOUT
+    while not status.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the book build took over {BOOK_TIMEOUT} s more; its log: {out / 'build.log'}")
+        time.sleep(1)
+    code = int(status.read_text())
+    log = (out / "build.log").read_text()
     if code != 0:
-        reports = _BOOK["out"] / "_build" / "html" / "reports"
+        reports = out / "_build" / "html" / "reports"
         where = reports if reports.exists() else "none"
         pytest.fail(f"the book build failed ({code}); reports: {where}\n{log[-6000:]}")
     print("\n".join(line for line in log.splitlines() if line.startswith("[book]")))
-    return _BOOK["out"] / "_build"
+    return out / "_build"
 
 
 # --- CPU time per test ----------------------------------------------------------------
@@ -156,6 +236,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if "took" in _BOOK:
+        terminalreporter.write_line(f"the book build (every notebook once, beside the tests): {_BOOK['took']}")
     n = config.getoption("--cpu-durations")
     if not n or not _CPU:
         return

@@ -73,6 +73,14 @@ def ensure_installed() -> None:
             raise SlurmUnavailable(f"Slurm and munge are missing and `{' '.join(cmd)}` failed: {tail}")
 
 
+def first_job_id() -> int:
+    """1, or 2501, 5001, 7501 for the 2nd-4th pytest-xdist worker (gw1-gw3): the clusters of
+    concurrent workers number their jobs apart, so the ports derived from job ids (the
+    rendezvous at 20000 + id % 10000, TensorFlow's 1000 above it) never meet."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return 1 + 2500 * (int(worker.removeprefix("gw")) % 4)
+
+
 def hardware_layout() -> str:
     """The node description slurmd detects on this machine (``slurmd -C``: CPUs, boards,
     sockets, cores, threads), so that the CPU ids Slurm binds tasks to exist. Fewer than two
@@ -153,7 +161,9 @@ def listener_kind(pid: int, comm: str, port: int) -> str:
         if "guide_utils.train_tf" in cmdline:
             return "tensorflow"
         job = env.get("SLURM_JOB_ID", "")
-        if env.get("SLURM_PROCID") == "0" and "ddp" in cmdline and job.isdigit() and port == 20000 + int(job) % 10000:
+        # Rank 0's store at the job's rendezvous port (the guide's engine and the reader's
+        # examples/your_script/train_ddp.py derive it alike).
+        if env.get("SLURM_PROCID") == "0" and job.isdigit() and port == 20000 + int(job) % 10000:
             return "torch-store"
     return "other"
 
@@ -197,6 +207,9 @@ class SlurmCluster:
                           f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n, p in zip(NODES, node_ports))
         self.conf.write_text(f"""\
 ClusterName=guideci
+# Job ids of this cluster's own range: a DDP job's rendezvous port is 20000 + its id, and a
+# test Slurm of another pytest-xdist worker may run at the same time on this host.
+FirstJobId={first_job_id()}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmUser=root
