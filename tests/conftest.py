@@ -31,6 +31,9 @@ def _interrupted(signum, frame):
 # down: the test Slurm's daemons, its jobs and the book build do not outlive the session.
 signal.signal(signal.SIGTERM, _interrupted)
 
+# A cell of the book may take 600 s in `make book`; here the build shares the two cores with
+# two test workers and their jobs, so it gets twice that.
+BOOK_CELL_TIMEOUT = 1200
 BOOK_TIMEOUT = 1150  # seconds left to wait for the book when its readers start (under pytest-timeout)
 
 
@@ -104,11 +107,6 @@ def _controller(config) -> bool:
 def pytest_configure(config):
     if _controller(config):
         _BOOK["out"] = Path(tempfile.mkdtemp(prefix="guide-book-"))
-    else:
-        # The book build is the longest single chain of work (its notebooks one after the
-        # other, a cell may take 600 s at most) and its readers wait for it: the xdist workers,
-        # and all they start (the test Slurm and its jobs included), yield the CPUs to it.
-        os.nice(10)
 
 
 def _start_book() -> None:
@@ -119,7 +117,8 @@ def _start_book() -> None:
     # The exit status goes to a file only after the build has ended: what the workers wait for.
     _BOOK["proc"] = subprocess.Popen(
         ["sh", "-c", '"$@" >"$0/build.log" 2>&1; echo $? >"$0/status.tmp"; mv "$0/status.tmp" "$0/status"',
-         str(out), sys.executable, str(REPO / "scripts" / "book.py"), "--path-output", str(out)],
+         str(out), sys.executable, str(REPO / "scripts" / "book.py"), "--path-output", str(out),
+         "--timeout", str(BOOK_CELL_TIMEOUT)],
         start_new_session=True)
 
 

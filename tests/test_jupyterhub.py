@@ -230,7 +230,7 @@ def test_a_user_runs_chapter_9_on_the_hub_with_engines_from_inside_the_servers_j
         for _ in range(PARAMETERS, LEFT + 1):
             run_cell()
             time.sleep(0.2)
-        WebDriverWait(driver, 300, 0.5).until(lambda d: prompt(LEFT) not in ("", "[ ]:", "[*]:") and idle(d))
+        WebDriverWait(driver, 600, 0.5).until(lambda d: prompt(LEFT) not in ("", "[ ]:", "[*]:") and idle(d))
         step("cells run")
         text = {i: output(i) for i in (SETUP, INTERACTIVE, LEFT)}
         for i, out in text.items():

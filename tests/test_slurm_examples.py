@@ -320,7 +320,7 @@ class Batch:
         """What Slurm's --signal=B:USR1@T does at the time limit, as soon as an epoch is
         done, instead of waiting for a short limit to come near."""
         (job_id,) = sub.ids
-        end = time.monotonic() + 300
+        end = time.monotonic() + 1500  # from submission: the job may queue behind the module's others
         while time.monotonic() < end and self.cluster.finished(job_id) is None:
             if re.search(sub.job.first_epoch, sub.log(), re.M):
                 subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=self.cluster.env,
@@ -705,6 +705,7 @@ def test_staging_is_the_jobs_own_and_goes_when_it_is_cancelled(jobs):
         time.sleep(0.5)
     log = jobs.log()
     assert f"== staged to {folder}/digits; waiting to be cancelled" in log, log[-3000:]
+    assert jobs.cluster.finished(job_id) is None, log[-3000:]  # still running: its copy must be there
     assert sorted(p.name for p in (folder / "digits").iterdir()) == ["train", "val"]
     assert len(list((folder / "digits" / "train").iterdir())) == 10 and folder.stat().st_mode & 0o777 == 0o700
     subprocess.run(["scancel", job_id], env=jobs.cluster.env, check=True)
