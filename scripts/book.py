@@ -3,8 +3,9 @@
 
 1. The execution cache (jupyter-cache, in ``<output>/_build/.jupyter_cache``) is keyed by
    each notebook's code alone, so a change in ``guide_utils`` or in the locked packages
-   would leave stale outputs in the book. A stamp of the library's files and the pins is
-   kept beside the cache; when it differs, the cache is emptied first.
+   would leave stale outputs in the book. A stamp of the library's files, the example
+   scripts chapter 16 renders, and the pins is kept beside the cache; when it differs, the
+   cache is emptied first.
 2. Every notebook of ``_toc.yml`` that the cache lacks is executed once, two at a time (the
    notebooks spend much of their time starting processes and waiting for them).
 3. ``jupyter-book build -W -n --keep-going`` then finds every notebook in the cache; any
@@ -30,7 +31,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # What the notebooks' outputs depend on besides their own code.
-STAMPED = ("src/guide_utils", "requirements.txt", "requirements.lock")
+STAMPED = ("src/guide_utils", "examples", "requirements.txt", "requirements.lock")
 STAMP_FILE = "guide-stamp.txt"
 
 

@@ -44,6 +44,19 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# Node.js and npm, for JupyterHub's proxy (below): Debian's, unless a node that brings its
+# own npm (NodeSource's) is already installed (Debian's npm package would conflict with it).
+if ! command -v npm >/dev/null; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        say "installing Debian packages: nodejs npm"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    else
+        say "npm not found (the JupyterHub test will skip). Install it with: sudo apt-get install -y nodejs npm"
+    fi
+fi
+
 # --- virtual environment -----------------------------------------------------------
 if [[ ! -x "$VENV/bin/python" ]]; then
     command -v "$PYTHON" >/dev/null || die "$PYTHON not found; set PYTHON=/path/to/python3.11"
@@ -144,6 +157,21 @@ else
         { mkdir -p "$wheels" && mv "$build"/horovod-*.whl "$wheels"/; } 2>/dev/null || say "could not keep the wheel in $wheels (no cache: the next clone builds again)"
         rm -rf "$build"
         say "Horovod $HOROVOD_VERSION built; log: $log"
+    fi
+fi
+
+# --- JupyterHub's proxy ---------------------------------------------------------------
+# configurable-http-proxy (npm) into the venv: its bin/ beside jupyterhub, which finds it on
+# PATH (tests/test_jupyterhub.py). 5.1.0 runs on Node.js 18 and newer (5.2 needs 20, and the
+# dependencies of 5.3 need 22.12).
+CHP_VERSION=5.1.0
+if [[ $("$VENV/bin/configurable-http-proxy" --version 2>/dev/null) != "$CHP_VERSION" ]]; then
+    if command -v npm >/dev/null; then
+        say "installing configurable-http-proxy $CHP_VERSION (npm) into $VENV"
+        npm install --global --prefix "$VENV" --no-audit --no-fund --loglevel=error \
+            "configurable-http-proxy@$CHP_VERSION" >/dev/null
+    else
+        say "npm not found: configurable-http-proxy not installed (the JupyterHub test will skip)"
     fi
 fi
 

@@ -6,9 +6,11 @@
 #   slurm_examples/chain.sh JOBS EPOCHS_PER_JOB SCRIPT [sbatch options...] [-- training flags...]
 #   slurm_examples/chain.sh 9 10 slurm_examples/01_single_gpu_baseline.sbatch   # 90 epochs
 #
-# Job i trains up to epoch i*EPOCHS_PER_JOB. If one fails, the rest never start (Slurm marks
-# them DependencyNeverSatisfied; scancel them). The alternative, one job that requeues
-# itself at the time limit, is built into 01_single_gpu_baseline.sbatch.
+# Job i trains up to epoch i*EPOCHS_PER_JOB. If one fails, Slurm cancels the jobs after it
+# (--kill-on-invalid-dep=yes): otherwise they would wait in the queue forever, with reason
+# DependencyNeverSatisfied. Resubmit from the failed link: the checkpoints are kept. The
+# alternative, one job that requeues itself at the time limit, is built into
+# 01_single_gpu_baseline.sbatch.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -36,7 +38,7 @@ echo "checkpoints: $ckpt"
 prev=""
 for ((i = 1; i <= jobs; i++)); do
     dep=()
-    [[ -z $prev ]] || dep=(--dependency="afterok:$prev")
+    [[ -z $prev ]] || dep=(--dependency="afterok:$prev" --kill-on-invalid-dep=yes)
     prev=$("$here/submit.sh" "$script" --parsable ${dep[@]+"${dep[@]}"} ${sbatch_opts[@]+"${sbatch_opts[@]}"} \
            -- ${train_args[@]+"${train_args[@]}"} --epochs $((i * chunk)))
     prev=${prev%%;*}  # --parsable prints "jobid[;cluster]"

@@ -40,6 +40,14 @@ while (($#)); do
     shift
 done
 
+# Submitted from inside a job (salloc, a notebook kernel that runs as a job): the outer
+# job's SLURM_* variables would reach the new job (--export=ALL), where srun reads the ones
+# the new job does not set as its own options ("mutually exclusive" memory requests, the
+# wrong CPUs). Drop them all but SLURM_CONF, as guide_utils.runtime.slurm.submission_env does.
+if [[ -n ${SLURM_JOB_ID:-} ]]; then
+    for var in "${!SLURM_@}"; do [[ $var == SLURM_CONF ]] || unset "$var"; done
+fi
+
 guide_load_site
 
 # Tasks (= GPUs) per node: an explicit --ntasks-per-node, else the script's own (the

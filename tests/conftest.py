@@ -71,6 +71,9 @@ def make_image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog"),
 # controller owns the build (a worker may be shut down while another still reads it): the
 # workers find it by its folder, and its exit status in a file there once it has ended.
 
+# A JupyterHub configuration file (tests/test_jupyterhub.py), not a module to import.
+collect_ignore = ["jupyterhub_config.py"]
+
 BOOK_FILES = ("tests/test_book.py", "tests/test_book_browser.py")  # every reader of the build, only them
 _BOOK: dict = {}
 
@@ -109,6 +112,7 @@ def _start_book() -> None:
     if "proc" in _BOOK:
         return
     out = _BOOK["out"]
+    _BOOK["started"] = time.time()
     # The exit status goes to a file only after the build has ended: what the workers wait for.
     _BOOK["proc"] = subprocess.Popen(
         ["sh", "-c", '"$@" >"$0/build.log" 2>&1; echo $? >"$0/status.tmp"; mv "$0/status.tmp" "$0/status"',
@@ -161,6 +165,9 @@ def pytest_sessionfinish(session, exitstatus):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    status = _BOOK["out"] / "status"
+    if status.exists():  # when the book, beside the tests, was ready
+        _BOOK["took"] = f"{status.stat().st_mtime - _BOOK['started']:.0f} s, exit status {status.read_text().strip()}"
     if exitstatus == 0 or proc is None:
         shutil.rmtree(_BOOK["out"], ignore_errors=True)
 
@@ -227,6 +234,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if "took" in _BOOK:
+        terminalreporter.write_line(f"the book build (every notebook once, beside the tests): {_BOOK['took']}")
     n = config.getoption("--cpu-durations")
     if not n or not _CPU:
         return

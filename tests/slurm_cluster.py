@@ -161,7 +161,9 @@ def listener_kind(pid: int, comm: str, port: int) -> str:
         if "guide_utils.train_tf" in cmdline:
             return "tensorflow"
         job = env.get("SLURM_JOB_ID", "")
-        if env.get("SLURM_PROCID") == "0" and "ddp" in cmdline and job.isdigit() and port == 20000 + int(job) % 10000:
+        # Rank 0's store at the job's rendezvous port (the guide's engine and the reader's
+        # examples/your_script/train_ddp.py derive it alike).
+        if env.get("SLURM_PROCID") == "0" and job.isdigit() and port == 20000 + int(job) % 10000:
             return "torch-store"
     return "other"
 

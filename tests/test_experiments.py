@@ -117,7 +117,8 @@ def test_describe_names_what_each_full_run_trains():
     from guide_utils.studies.experiments import describe
 
     [(_, run, _)] = plan("exp9", "full", 1)
-    assert describe(run, "full") == ("resnet50 on synthetic; 32 worker(s) x 128 = global batch 4096; "
+    assert describe(run, "full") == ("resnet50 on ImageNet (the site's GUIDE_DATASET_ARCHIVE); 32 worker(s) x 128 = "
+                                     "global batch 4096; "
                                      "lr 1.6 (linear rule), gradual warmup 10 epochs; 90 epoch(s)")
 
 

@@ -7,6 +7,11 @@
   of the cluster remains.
 * Each bad input is one line: ipyparallel missing, more engines than the allocation, a
   partition or account the site profile lacks, engines not up within the timeout.
+* Submitting from inside a job (a notebook kernel that runs as a job, salloc): the outer
+  job's SLURM_* variables do not reach the engines' job, nor a job submit.sh submits.
+* A queued engines' job is waited for (its state and reason shown) as long as the user's
+  queue_timeout says; the controller's engine ports come from a given range; MPI engines on
+  several nodes talk over the nodes' interface, on one host over loopback.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import slurm_cluster
 from guide_utils.cluster import interactive, sites, watchdog
 from guide_utils.core.config import make_config
 from guide_utils.core.errors import GuideError
-from guide_utils.runtime.ports import free_port
+from guide_utils.runtime.ports import free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -138,6 +143,56 @@ def test_the_controller_watch_cancels_its_job_when_the_controller_is_gone(tmp_pa
     assert "controller at 127.0.0.1" in out.stdout
 
 
+def test_mpi_engines_use_loopback_on_one_host_and_the_nodes_interface_on_several(monkeypatch):
+    """Inside a one-node allocation (or none) the transports stay on loopback; across an
+    allocation's nodes they use the site's interface, else the one this host routes to the
+    other nodes by (here a node name that resolves to loopback: lo; a name that resolves to
+    this machine's own network address: that interface), never loopback by default."""
+    import socket
+
+    import psutil
+
+    from guide_utils.cluster.interactive_launch import engine_environment
+    from guide_utils.runtime import launch
+
+    lo = launch.loopback_interface()
+    for name in ("MASTER_ADDR", launch.IFACE_SITE_VAR, *launch.IFACE_VARS):
+        monkeypatch.delenv(name, raising=False)
+    for name in [v for v in os.environ if v.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    env = engine_environment("mpi", 2)
+    assert {env[v] for v in launch.IFACE_VARS} == {lo} and env["MASTER_ADDR"] == "127.0.0.1"
+
+    for name, value in {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "8"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(launch.IFACE_SITE_VAR, "ib0")  # the site's choice
+    env = engine_environment("mpi", 8)
+    assert {env[v] for v in launch.IFACE_VARS} == {"ib0"} and "MASTER_ADDR" not in env
+    monkeypatch.delenv(launch.IFACE_SITE_VAR)
+    # gpu01 and gpu02 do not resolve here: no interface can be told, so none is forced
+    assert not set(launch.IFACE_VARS) & set(engine_environment("mpi", 8))
+
+    monkeypatch.setattr(socket, "gethostbyname", lambda host: "127.0.0.1" if host == "guide-a" else host)
+    assert launch.network_interface(["guide-a", "localhost"], {}) == lo  # the route to loopback
+    own = [(name, a.address) for name, addrs in psutil.net_if_addrs().items() for a in addrs
+           if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    if own:  # a name resolving to this machine's own address: the interface that holds it
+        name, address = own[0]
+        assert launch.network_interface([address], {}) == name
+    assert launch.network_interface(["guide-a"], {}) == lo
+
+
+def test_controller_ports_are_a_checked_range():
+    cluster = interactive.EngineCluster(n=2, ports="50000-50019")
+    assert cluster.ports == "50000-50019"
+    with pytest.raises(GuideError) as exc:
+        interactive.EngineCluster(n=2, ports="50000-50003")
+    assert str(exc.value) == ("controller ports '50000-50003': the engines connect to 9 ports of the controller; "
+                              "give at least 9 distinct ports between 1 and 65535, e.g. 50000-50008")
+    with pytest.raises(GuideError, match="give a range such as 50000-50019"):
+        interactive.EngineCluster(n=2, ports="fifty")
+
+
 # -- MPI engines on this node -------------------------------------------------------------
 
 @mpi
@@ -178,10 +233,20 @@ def on_slurm(test_slurm, tmp_path, monkeypatch):
 
 
 @slurm
-def test_slurm_engines_train_one_epoch_and_leave_nothing(on_slurm):
-    with interactive.EngineCluster(n=2, engines="slurm", site="ci") as cluster:
+def test_slurm_engines_train_one_epoch_and_leave_nothing(on_slurm, test_slurm):
+    """... with the controller's engine-facing sockets on the ports given (a firewall's range)."""
+    ports = free_ports(interactive.ENGINE_PORTS_NEEDED)
+    with interactive.EngineCluster(n=2, engines="slurm", site="ci", ports=ports) as cluster:
         job, cluster_id = cluster.job_id, cluster.cluster_id
         assert interactive.job_state(job) == "RUNNING"
+        used = [p for v in cluster.engine_ports.values() for p in (v if isinstance(v, list) else [v])]
+        assert sorted(used) == sorted(ports), cluster.engine_ports
+        controller = cluster._res.cluster.controller.process.pid
+        import psutil
+
+        pids = [controller, *(c.pid for c in psutil.Process(controller).children(recursive=True))]
+        listening = {port for _, _, _, port in test_slurm.listening_sockets(pids)}
+        assert set(ports) <= listening, (ports, listening)
         result = cluster.train(_smoke(on_slurm, "horovod", max_steps_per_epoch=10), live=False)
     assert result.run.summary["ranks_agree"] and result.workers == 2
     assert result.run.environment["slurm"]["job_id"] == int(job)  # trained inside the engines' job
@@ -230,9 +295,108 @@ def test_engines_not_up_in_time_name_the_job_and_show_its_log(on_slurm, capsys):
     message = str(exc.value)
     assert "\n" not in message
     assert message.startswith(f"0 of the 2 engines of Slurm job {cluster.job_id} (")
-    assert f"did not all register within 1 s; see its log {cluster.log_path} (above)" in message
+    assert f"did not all register within 1 s of their start; see its log {cluster.log_path} (above)" in message
     assert "--- the last lines of its log" in capsys.readouterr().out
     _nothing_left(cluster.cluster_id, [cluster.job_id])
+
+
+def _profile(folder: Path, **values: str) -> Path:
+    """The CI site profile with some values changed, as a file in ``folder``."""
+    lines = (REPO / "slurm_examples/sites/ci.sh").read_text().splitlines(True)
+    text = "".join(line if line.split("=")[0] not in values else f"{line.split('=')[0]}={values[line.split('=')[0]]}\n"
+                   for line in lines)
+    path = folder / "site.sh"
+    path.write_text(text)
+    return path
+
+
+@slurm
+def test_a_queued_engines_job_is_waited_for_with_its_state_shown(on_slurm, capsys):
+    """A held job (as if the queue were full) stays queued longer than the engines' start-up
+    timeout: the cluster waits, showing Slurm's state and reason, and comes up once the job
+    runs; the old timeout (counted from submission) tore it down while it was pending."""
+    import threading
+
+    site = _profile(on_slurm, GUIDE_SBATCH_EXTRA="(--hold)")
+    cluster = interactive.EngineCluster(n=2, engines="slurm", site=str(site), timeout=60, live=False)
+    started: list = []
+    thread = threading.Thread(target=lambda: started.append(cluster.start()), daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    try:
+        while cluster.job_id is None or interactive.job_state(cluster.job_id) != "PENDING":
+            assert time.monotonic() - t0 < 60 and thread.is_alive(), "the engines' job was not submitted"
+            time.sleep(0.2)
+        cluster.timeout = 3  # shorter than the wait in the queue below: it must not count there
+        time.sleep(6)
+        assert thread.is_alive() and interactive.job_state(cluster.job_id) == "PENDING"
+        subprocess.run(["scontrol", "release", cluster.job_id], check=True)
+        cluster.timeout = 60
+        thread.join(120)
+        assert started and cluster.running and len(cluster.client.ids) == 2
+    finally:
+        cluster.stop()
+    out = capsys.readouterr().out
+    assert f"engines: Slurm job {cluster.job_id} PENDING (JobHeldUser); waited 0:00, no limit (queue_timeout=None): " \
+           "interrupt to cancel the job" in out, out
+    assert f"engines: Slurm job {cluster.job_id} RUNNING" in out
+    _nothing_left(cluster.cluster_id, [cluster.job_id])
+
+
+@slurm
+def test_a_queue_timeout_cancels_the_pending_job_in_one_line(on_slurm):
+    site = _profile(on_slurm, GUIDE_SBATCH_EXTRA="(--hold)")
+    cluster = interactive.EngineCluster(n=2, engines="slurm", site=str(site), queue_timeout=2, live=False)
+    with pytest.raises(GuideError) as exc:
+        cluster.start()
+    assert str(exc.value).startswith(f"the engines' Slurm job {cluster.job_id} is still PENDING (JobHeldUser) after "
+                                     "2 s in the queue (queue_timeout=2); it was cancelled.")
+    _nothing_left(cluster.cluster_id, [cluster.job_id])
+
+
+# An outer job like a notebook's kernel started by a hub or salloc: its memory request is
+# per CPU, the new job's per node. Leaked into the new job, the outer job's
+# SLURM_MEM_PER_CPU makes srun refuse the step ("mutually exclusive").
+OUTER = "#!/bin/bash\n#SBATCH --mem-per-cpu=100\n#SBATCH --output={log}\nset -e\ncd {repo}\n{body}\n"
+
+
+def _outer_job(test_slurm, folder: Path, body: str) -> str:
+    """Run ``body`` as a batch job of the test Slurm; its log."""
+    log = folder / "outer.out"
+    script = folder / "outer.sbatch"
+    script.write_text(OUTER.format(log=log, repo=REPO, body=body))
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
+    records = test_slurm.wait(job.stdout.strip().split(";")[0], timeout=240)
+    text = log.read_text()
+    assert records[0]["JobState"] == "COMPLETED", text
+    return text
+
+
+@slurm
+def test_engines_submitted_from_inside_a_job_get_none_of_its_variables(on_slurm, test_slurm):
+    site = _profile(on_slurm, GUIDE_SBATCH_EXTRA="(--mem=200)")
+    code = ("from guide_utils.cluster import interactive\n"
+            f"with interactive.EngineCluster(n=2, engines='slurm', site={str(site)!r}, live=False) as c:\n"
+            "    print('engines up:', len(c.client.ids), 'job', c.job_id, 'cluster', c.cluster_id, flush=True)\n")
+    (on_slurm / "engines.py").write_text(code)
+    text = _outer_job(test_slurm, on_slurm, f"{BIN / 'python'} {on_slurm / 'engines.py'}")
+    assert "engines up: 2" in text, text
+    job, cluster_id = text.split("engines up: 2 job ")[1].split()[0], text.split(" cluster ")[-1].split()[0]
+    _nothing_left(cluster_id, [job])
+
+
+@slurm
+def test_submit_sh_from_inside_a_job_passes_none_of_its_variables(on_slurm, test_slurm):
+    inner = on_slurm / "inner.sbatch"
+    inner.write_text("#!/bin/bash\n#SBATCH --ntasks-per-node=1\nset -e\nenv | grep '^SLURM_MEM' || true\n"
+                     "srun --ntasks=1 true\necho inner step ran\n")
+    body = (f"GUIDE_SITE=ci slurm_examples/submit.sh {inner} --mem=200 --parsable > {on_slurm / 'inner.id'}")
+    _outer_job(test_slurm, on_slurm, body)
+    job = (on_slurm / "inner.id").read_text().strip().split(";")[0]
+    test_slurm.wait(job, timeout=120)
+    log = next((on_slurm / "logs").glob(f"*-{job}.out")).read_text()
+    assert "inner step ran" in log and "mutually exclusive" not in log, log
+    assert "SLURM_MEM_PER_CPU" not in log and "SLURM_MEM_PER_NODE=200" in log, log
 
 
 @slurm

@@ -105,6 +105,28 @@ def test_planner_answers_each_kind_of_target():
     assert budget["gpu_hours"] <= 160 and budget["workers"] == 4
 
 
+def test_planner_prints_what_an_array_of_runs_costs_before_it_is_submitted():
+    """--array N: N runs of the chosen configuration; --whole-nodes: a one-GPU task on a
+    4-GPU node is billed 4 GPUs where the site allocates whole nodes."""
+    one = planner.plan(params=RESNET50, target=planner.Target(min_efficiency=0.5), max_nodes=1, nodes=1, array=8,
+                       **THESIS)
+    c, cost = one["choice"], one["cost"]
+    assert cost["tasks"] == 8 and cost["billed_gpus"] == c["workers"] == 4
+    assert cost["gpu_hours"] == pytest.approx(8 * c["gpu_hours"]) == pytest.approx(8 * 4 * c["wall_hours"])
+    proc = subprocess.run([sys.executable, "-m", "guide_utils", "plan", "--throughput", "128:207.79", "--network",
+                           "56Gbit/s", "--latency", "2us", "--min-efficiency", "0.99", "--max-nodes", "1",
+                           "--epochs", "10", "--array", "8", "--whole-nodes"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "1 node(s), 1 GPU(s) x 128 = global batch 128"
+    wall = 10 * 1281167 / 207.79 / 3600  # 10 epochs of ImageNet at one GPU's rate
+    assert f"cost: 8 task(s) x {4 * wall:.0f} GPU-hours = {32 * wall:.0f} GPU-hours (4 GPU(s) billed per task, " \
+           "whole nodes)" in lines, proc.stdout
+    with pytest.raises(GuideError, match="--array must be a positive integer"):
+        planner.plan(params=RESNET50, target=planner.Target(min_efficiency=0.5), max_nodes=1, array=0, **THESIS)
+
+
 def test_planner_refuses_more_workers_than_the_training_can_use():
     with pytest.raises(GuideError, match="global batch 16384, above --max-global-batch 8192"):
         planner.plan(params=RESNET50, target=planner.Target(min_efficiency=0.5), max_nodes=64, nodes=32,

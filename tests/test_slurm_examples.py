@@ -57,6 +57,7 @@ class Job:
     comma_path: bool = False  # submit through a path to the repository that contains a comma
     full_scratch: bool = False  # GUIDE_CI_SCRATCH is a 512 KiB tmpfs
     usr1_after_epoch: bool = False  # scancel --signal=USR1 --batch once the first epoch is logged
+    first_epoch: str = r"^\[train\] epoch 1/"  # how the log says so (the engine's line by default)
     site: str | None = "ci"  # None: GUIDE_SITE unset; "incomplete": ci.sh without its GUIDE_SCRATCH line
     profile: str = ""  # lines added at the end of (a copy of) the CI profile
     like: str | None = None  # a shipped site profile whose GPU request and srun options the job uses
@@ -164,6 +165,14 @@ JOBS: dict[str, Job] = {
            env={"DIST": "ddp"} if script.startswith("05") else {}, broken_horovod=script.startswith("05"))
        for script, tasks in ARRAYS.items()},
 }
+
+
+# Staging and chains (issue 23): a chain whose first link fails after staging (a mistyped
+# model), and a job that stages on both nodes and then waits for the test to cancel it.
+JOBS["test_a_failed_link_cancels_the_rest_of_the_chain"] = Job("01_single_gpu_baseline.sbatch", via="chain",
+                                                               train=("--model", "no_such_model"))
+JOBS["test_staging_is_the_jobs_own_and_goes_when_it_is_cancelled"] = Job(
+    str(REPO / "tests" / "data" / "stage_then_wait.sbatch"), via="sbatch")
 
 
 class Submission:
@@ -311,9 +320,9 @@ class Batch:
         """What Slurm's --signal=B:USR1@T does at the time limit, as soon as an epoch is
         done, instead of waiting for a short limit to come near."""
         (job_id,) = sub.ids
-        end = time.monotonic() + 300
+        end = time.monotonic() + 1500  # from submission: the job may queue behind the module's others
         while time.monotonic() < end and self.cluster.finished(job_id) is None:
-            if re.search(r"^\[train\] epoch 1/", sub.log(), re.M):
+            if re.search(sub.job.first_epoch, sub.log(), re.M):
                 subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=self.cluster.env,
                                capture_output=True)
                 sub.usr1_sent = True
@@ -565,15 +574,18 @@ def test_dist_started_in_the_batch_script_fails_at_once(jobs, dist):
 
 def test_a_full_scratch_disk_fails_the_job_at_staging(jobs, archive):
     """A real full disk (a 512 KiB tmpfs as node-local scratch, the archive is 3.6 MB): the
-    job stops at staging with one line naming the node, the archive, tar's error and the
-    fix, not later in the training with a missing train/ folder."""
+    job says how much room staging needs, then stops before unpacking with one line naming
+    the node, the free space, the archive and the fix, not later in the training with a
+    missing train/ folder."""
     log = jobs.wait_failed_at_start()
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, log
-    assert re.fullmatch(rf"error: staging on node guide-n[12]: unpacking {re.escape(str(archive))} \(\S+\) to "
-                        rf"{re.escape(str(jobs.scratch))}/guide-scratch-{jobs.ids[0]} failed \(tar: .*No space left on "
-                        r"device\); free space in \S+ or set GUIDE_SCRATCH in \S+/ci\.sh to a larger node-local disk",
-                        errors[0]), errors[0]
+    scratch = re.escape(str(jobs.scratch))
+    assert re.search(rf"^== staging {re.escape(str(archive))} \((\S+)\) to {scratch}/guide-{jobs.ids[0]}/digits on "
+                     rf"each node: each needs at least \1 free in {scratch}$", log, re.M), log[-3000:]
+    assert re.fullmatch(rf"error: staging on node guide-n[12]: {scratch} has \d+KiB free, and unpacking "
+                        rf"{re.escape(str(archive))} takes at least its size, \S+; free space in {scratch} or set "
+                        r"GUIDE_SCRATCH in \S+/ci\.sh to a larger node-local disk", errors[0]), errors[0]
     assert "guide_utils.train" not in log  # the training never started
 
 
@@ -663,3 +675,100 @@ def test_a_site_profile_runs_on_fake_gpus(jobs, like):
     for report in reports:
         gpus = [pair.split(":")[1] for pair in report.split()]
         assert len(set(gpus)) == 2 and "-" not in gpus and "?" not in gpus, report
+
+
+# -- Staging that is the job's own, chains that do not wait forever (issue 23) -----------------
+
+def _gone(path: Path, timeout: float = 60) -> bool:
+    """Whether ``path`` disappears within ``timeout`` seconds (clean-up runs as the job ends)."""
+    end = time.monotonic() + timeout
+    while path.exists() and time.monotonic() < end:
+        time.sleep(0.5)
+    return not path.exists()
+
+
+def test_a_failed_link_cancels_the_rest_of_the_chain(jobs):
+    """The first link fails after staging (a mistyped model): Slurm cancels the second
+    (chain.sh's --kill-on-invalid-dep=yes) instead of leaving it pending forever with reason
+    DependencyNeverSatisfied, and the failed job's copy of the dataset is gone with it."""
+    first, second = jobs.ids
+    (failed,) = jobs.cluster.wait(first, 300)
+    assert (failed["JobState"], failed["ExitCode"]) == ("FAILED", "2:0"), f"{failed}\n{jobs.log(3000)}"
+    try:
+        (rest,) = jobs.cluster.wait(second, 60)
+    except TimeoutError as exc:
+        pytest.fail(f"the second link still waits after the first failed: {exc}")
+    assert rest["JobState"] == "CANCELLED", rest
+    log = jobs.log()
+    assert f"to {jobs.scratch}/guide-{first}/digits on each node" in log and "no_such_model" in log, log[-3000:]
+    assert _gone(jobs.scratch / f"guide-{first}"), sorted(p.name for p in jobs.scratch.iterdir())
+
+
+def test_staging_is_the_jobs_own_and_goes_when_it_is_cancelled(jobs):
+    """A folder where a shared scratch would hold the dataset (another job's, or half of
+    one) is not taken for this job's copy: each node stages into guide-<job id>, readable by
+    the user alone. scancel then ends the job, and the copy with it: renamed at once, then
+    removed (or, when srun's SIGKILL cuts that short, removed by the next staging: see
+    tests/test_staging.py)."""
+    (job_id,) = jobs.ids
+    folder = jobs.scratch / f"guide-{job_id}"
+    end = time.monotonic() + 300
+    while "waiting to be cancelled" not in jobs.log() and time.monotonic() < end:
+        assert jobs.cluster.finished(job_id) is None, jobs.log(3000)
+        time.sleep(0.5)
+    log = jobs.log()
+    assert f"== staged to {folder}/digits; waiting to be cancelled" in log, log[-3000:]
+    assert jobs.cluster.finished(job_id) is None, log[-3000:]  # still running: its copy must be there
+    assert sorted(p.name for p in (folder / "digits").iterdir()) == ["train", "val"]
+    assert len(list((folder / "digits" / "train").iterdir())) == 10 and folder.stat().st_mode & 0o777 == 0o700
+    subprocess.run(["scancel", job_id], env=jobs.cluster.env, check=True)
+    (record,) = jobs.wait(120)
+    assert record["JobState"] == "CANCELLED", record
+    assert _gone(folder), sorted(p.name for p in folder.rglob("*"))[:20]
+    left = {p.name for p in jobs.scratch.iterdir()}
+    assert left <= {"digits", f".guide-{job_id}.removing"}, left
+    assert (jobs.scratch / "digits" / "train" / "0").is_dir()  # the other folder is left alone
+
+
+# -- The reader's own script (chapter 16) ------------------------------------------------------
+# 16_your_own_script.sbatch runs a command of the reader's instead of the guide's engine: the
+# Horovod example started by srun's MPI plugin, and the DDP example started by srun alone
+# (ranks and rendezvous from SLURM_*), warned once its first epoch is logged. Both keep their
+# checkpoint in the job's folder ({checkpoints}) and print every rank's weights digest.
+YOUR_SCRIPT = ("--steps-per-epoch", "8", "--warmup-epochs", "1", "--milestones", "30", "--log-every", "4",
+               "--checkpoint", "{checkpoints}/ckpt.pt")
+JOBS["test_your_own_script[horovod]"] = Job(
+    "16_your_own_script.sbatch", env={"LAUNCHER": "srun", "DIST": "horovod"},
+    train=("python", "examples/your_script/train_horovod.py", "--epochs", "2", *YOUR_SCRIPT))
+JOBS["test_your_own_script[ddp]"] = Job(
+    "16_your_own_script.sbatch", env={"LAUNCHER": "srun", "DIST": "ddp"}, broken_horovod=True,
+    # Long enough to be warned on a loaded machine (a step takes milliseconds); it stops at
+    # the warning, and its resumed start ends the remaining epochs in seconds.
+    train=("python", "examples/your_script/train_ddp.py", "--epochs", "150", *YOUR_SCRIPT),
+    usr1_after_epoch=True, first_epoch=r"^epoch 1/")
+
+
+@pytest.mark.parametrize("dist", ["horovod", "ddp"])
+def test_your_own_script(jobs, dist):
+    """The reader's command ran on both nodes (four ranks, the same weights at the end, the
+    schedule of the linear rule and gradual warmup); the warned DDP job stopped, requeued
+    itself and resumed from its checkpoint to the last epoch."""
+    from guide_utils.results import your_script
+
+    records = jobs.wait_completed()
+    log = jobs.log()
+    epochs = int(jobs.job.train[jobs.job.train.index("--epochs") + 1])
+    assert f"epoch {epochs}/{epochs}" in log, log[-3000:]
+    digests = your_script.printed_digests(log)
+    assert sorted(digests) == [0, 1, 2, 3] and len(set(digests.values())) == 1, log[-3000:]
+    lrs = your_script.printed_lrs(log)
+    assert lrs and all(lr == pytest.approx(your_script.expected_lr(step, lr=0.05, workers=4, steps_per_epoch=8,
+                                                                    warmup_epochs=1, milestones=(30,)), rel=1e-8)
+                       for step, lr in lrs.items()), lrs
+    assert "== note: the command does not mention {checkpoints}" not in log and "[train]" not in log
+    if jobs.job.usr1_after_epoch:
+        assert jobs.usr1_sent, f"the job finished before it could be warned\n{jobs.log(3000)}"
+        assert all(int(r["Restarts"]) >= 1 for r in records), f"the job was never requeued\n{jobs.log(3000)}"
+        assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log, \
+            log[-3000:]
+        assert re.search(r"^resuming from \S+/ckpt\.pt at step [1-9]\d*$", log, re.M), log[-3000:]

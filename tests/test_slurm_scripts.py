@@ -23,7 +23,7 @@ def test_the_examples_mirror_the_notebooks():
                                          "03_multi_node_horovod", "04_naive_scaling", "05_linear_scaling_rule",
                                          "06_learning_rate_warmup", "07_per_worker_batch_size", "08_tensorflow_horovod",
                                          "08_tensorflow_native", "09_notebook_batch", "10_communication",
-                                         "12_stepwise_tuning"]
+                                         "12_stepwise_tuning", "16_your_own_script"]
 
 
 def test_shellcheck_is_clean():
@@ -41,7 +41,7 @@ def test_every_script_follows_the_conventions(script):
     assert body[0] == "set -euo pipefail", "first command must be set -euo pipefail"
     setup = [line for line in body if line.startswith("guide_setup")]
     dist = r'(none|ddp|horovod|mwms|"\$\w+"|"\$\(guide_dist \w+\)")'
-    usage = rf'guide_setup (pytorch|tensorflow) {dist}( tasks| node| shell| "\$launch")?'
+    usage = rf'guide_setup (pytorch|tensorflow|"\$\w+") {dist}( tasks| node| shell| "\$launch")?'
     assert len(setup) == 1 and re.fullmatch(usage, setup[0].split("  #")[0]), \
         "must call guide_setup FRAMEWORK DIST [LAUNCH] once (site profile, the doctor for this job, staging)"
     assert f"#SBATCH --job-name={script.stem}" in text

@@ -206,3 +206,16 @@ def test_launcher_detection():
     assert started_by({**BATCH_STEP, "OMPI_COMM_WORLD_RANK": "1"}) == "mpirun"
     assert started_by({"HOROVOD_RANK": "0", "OMPI_COMM_WORLD_RANK": "0"}) == "horovodrun"
     assert started_by({"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}) == "torchrun"
+
+
+def test_the_full_profile_never_guesses_its_dataset(train_main, tmp_path):
+    """Without --data the full profile used to train on random images, silently: a cluster
+    job whose dataset was never set ran for days and learned nothing. Synthetic data is
+    now asked for by name; without a dataset the run stops before it starts."""
+    from guide_utils.core.config import make_config
+
+    err = train_main(["--profile", "full"], "no dataset", "--data DIR", "prepare-imagenet", "--data synthetic")
+    assert err.startswith("python -m guide_utils.train: error: no dataset: the full profile trains on ImageNet")
+    assert not (tmp_path / "results").exists()
+    assert make_config("full", data="synthetic").validate().data == "synthetic"
+    assert make_config("smoke").validate().data == "mnist1d"  # the smoke profile's own data is unchanged

@@ -143,8 +143,8 @@ guide_banner() {
     [[ -z ${SLURM_ARRAY_TASK_ID:-} ]] || printf '== array task %s of %s\n' "$SLURM_ARRAY_TASK_ID" "${SLURM_ARRAY_JOB_ID:-?}"
     [[ ${SLURM_RESTART_COUNT:-0} == 0 ]] || printf '== restart %s (requeued): resuming from the checkpoint\n' "$SLURM_RESTART_COUNT"
     printf '== site %s (%s): profile %s, software %s, scratch %s\n' "$GUIDE_SITE" "$GUIDE_SITE_FILE" \
-        "$GUIDE_TRAIN_PROFILE" "$GUIDE_SOFTWARE" "$GUIDE_SCRATCH"
-    printf '== dataset %s\n' "${GUIDE_DATASET_ARCHIVE:-"(none: the training profile's built-in data)"}"
+        "$GUIDE_TRAIN_PROFILE" "$GUIDE_SOFTWARE" "${GUIDE_SCRATCH:-${TMPDIR:-/tmp} (GUIDE_SCRATCH empty)}"
+    printf '== dataset %s\n' "${GUIDE_DATASET_ARCHIVE:-"(none: the smoke profile's own data; the full profile needs --data)"}"
     printf '== framework %s, --dist %s, processes started by %s\n' "$GUIDE_FRAMEWORK" "$GUIDE_DIST" \
         "$(case $GUIDE_LAUNCH in tasks) echo srun ;; node) echo "a launcher per node" ;; shell) echo "a launcher in this shell" ;; esac)"
     printf '== CPUs per task %s (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS %s, site srun options: %s\n' \
@@ -156,47 +156,52 @@ guide_banner() {
         guide_die "guide_utils doctor: the software environment cannot run --framework $GUIDE_FRAMEWORK --dist $GUIDE_DIST (PROBLEM above)"
 }
 
-# Unpack the dataset archive to node-local disk, once per node (one task per node), and set
-# GUIDE_DATA to what the training command gets as --data. Reading thousands of small files
-# from the parallel filesystem on every epoch is what makes multi-node jobs slow; one big
-# sequential read per node is not. Unpacks into a temporary folder and renames it, so a
-# requeued job (or two nodes sharing a disk) finds either nothing or a complete copy. A
-# failure (a full disk, a bad archive) stops the job here with one line per node, instead
-# of a training that cannot find its data later.
+# Unpack the dataset archive to node-local disk, once per node (one task per node, in
+# lib/stage_node.sh), and set GUIDE_DATA_ARGS to what the training command gets as --data.
+# Reading thousands of small files from the parallel filesystem on every epoch is what makes
+# multi-node jobs slow; one big sequential read per node is not. The copy is this job's own:
+# guide-<job id> on the node's disk (GUIDE_SCRATCH; empty: $TMPDIR, else /tmp), never a
+# folder another job or user left there, and removed when the job ends, however it ends.
+# A scratch on a network file system, or one with less room than the archive, stops the job
+# here with one line per node, instead of a training that cannot find its data later.
 guide_stage_data() {
     GUIDE_DATA_ARGS=()
     [[ -n $GUIDE_DATASET_ARCHIVE ]] || return 0
     [[ -f $GUIDE_DATASET_ARCHIVE ]] ||
         guide_die "dataset archive $GUIDE_DATASET_ARCHIVE not found; fix GUIDE_DATASET_ARCHIVE in $GUIDE_SITE_FILE" \
-                  "(a test archive: python -m guide_utils pack-dataset digits FILE.tar)"
-    local target=$GUIDE_SCRATCH/$GUIDE_DATASET_NAME
-    echo "== staging $GUIDE_DATASET_ARCHIVE to $target on each node"
-    # shellcheck disable=SC2016  # expanded by the per-node shell
-    srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c '
-        set -uo pipefail
-        scratch=$1 archive=$2 name=$3 site=$4 node=${SLURMD_NODENAME:-$(hostname)} tmp=""
-        fail() {  # one line: where, what failed, its first error line, the fix
-            local first=""
-            read -r first <<<"$2" || true
-            [[ -z $tmp ]] || rm -rf "$tmp"
-            echo "error: staging on node $node: $1 failed ($first); $3" >&2
-            exit 2
-        }
-        [[ -d $scratch/$name ]] && exit 0
-        fix="free space in $scratch or set GUIDE_SCRATCH in $site to a larger node-local disk"
-        err=$(mkdir -p "$scratch" 2>&1) || fail "creating GUIDE_SCRATCH=$scratch" "$err" "$fix"
-        err=$(mktemp -d "$scratch/.staging.XXXXXX" 2>&1) || fail "creating a folder in $scratch" "$err" "$fix"
-        tmp=$err
-        err=$(tar -xf "$archive" -C "$tmp" 2>&1) ||
-            fail "unpacking $archive ($(du -h "$archive" | cut -f1)) to $scratch" "$err" "$fix"
-        [[ -d $tmp/$name ]] || fail "unpacking $archive" "it has no top-level folder $name" "fix GUIDE_DATASET_NAME in $site"
-        if ! err=$(mv -T "$tmp/$name" "$scratch/$name" 2>&1); then
-            # Another task sharing this disk renamed its complete copy first: use that one.
-            [[ -d $scratch/$name ]] || fail "moving the unpacked $name into $scratch" "$err" "$fix"
-        fi
-        rm -rf "$tmp"
-    ' staging "$GUIDE_SCRATCH" "$GUIDE_DATASET_ARCHIVE" "$GUIDE_DATASET_NAME" "$GUIDE_SITE_FILE" || exit
-    GUIDE_DATA_ARGS=(--data "$target")
+                  "(ImageNet: python -m guide_utils prepare-imagenet; a test archive: python -m guide_utils" \
+                  "pack-dataset digits FILE.tar)"
+    local disk=${GUIDE_SCRATCH:-${TMPDIR:-/tmp}} size
+    local folder=$disk/guide-$SLURM_JOB_ID
+    size=$(numfmt --to=iec-i --suffix=B "$(stat -c %s "$GUIDE_DATASET_ARCHIVE")")
+    echo "== staging $GUIDE_DATASET_ARCHIVE ($size) to $folder/$GUIDE_DATASET_NAME on each node:" \
+         "each needs at least $size free in $disk"
+    guide_hold_scratch "$folder"
+    srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+        bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" stage "$folder" "$GUIDE_DATASET_ARCHIVE" \
+        "$GUIDE_DATASET_NAME" "$GUIDE_SITE_FILE" || exit
+    GUIDE_DATA_ARGS=(--data "$folder/$GUIDE_DATASET_NAME")
+}
+
+# Remove FOLDER on every node when the job ends: a step beside the job (--overlap) whose
+# tasks wait for a signal: USR2 from this shell when it exits (done, failed, or requeued by
+# guide_run_requeueable; srun passes USR2 on to its tasks), or TERM from Slurm (scancel, the
+# time limit, a requeue by Slurm). It starts before anything is unpacked: a job being
+# cancelled can start no step any more.
+guide_hold_scratch() {
+    srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+        --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" hold "$1" </dev/null &
+    GUIDE_HOLD_SRUN=$!
+    trap guide_release_scratch EXIT
+    trap 'exit 143' TERM  # on TERM too (scancel, the time limit): out through the EXIT trap
+}
+
+# Ask the holder to remove the folders and wait while it does (at exit, or before a requeue).
+guide_release_scratch() {
+    [[ -n ${GUIDE_HOLD_SRUN:-} ]] || return 0
+    kill -USR2 "$GUIDE_HOLD_SRUN" 2>/dev/null || true
+    wait "$GUIDE_HOLD_SRUN" 2>/dev/null || true
+    GUIDE_HOLD_SRUN=""
 }
 
 # The switch every training script has: DIST=horovod (the thesis's) or ddp (PyTorch's own
@@ -288,16 +293,47 @@ guide_setup() {
 # Send a signal to this job's training processes on every node, whatever started them: srun
 # and mpirun pass a USR1 on to their tasks, but torchrun and horovodrun would die of it (or
 # end their workers with a grace of seconds). A step of one task per node finds them by the
-# job id in their environment; --overlap lets it run beside the training step.
+# job id in their environment and by their command line: GUIDE_SIGNAL_MATCH, an extended
+# regular expression matched against it (arguments joined by spaces), by default the guide's
+# own training commands; 16_your_own_script.sbatch sets it from the reader's command
+# (guide_command_match). --overlap lets the step run beside the training step.
 guide_signal_training() {
     # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
         --cpus-per-task=1 --gres=none bash -c '
-        for d in /proc/[0-9]*; do
-            tr "\0" "\n" <"$d/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$2" || continue
-            tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "guide_utils[.]train" && kill "-$1" "${d#/proc/}" 2>/dev/null
+        for d in /proc/[0-9]*; do  # (2>/dev/null first: it also silences a process gone or not ours)
+            tr "\0" "\n" 2>/dev/null <"$d/environ" | grep -qx "SLURM_JOB_ID=$2" || continue
+            tr "\0" " " 2>/dev/null <"$d/cmdline" | grep -Eq -- "$3" && kill "-$1" "${d#/proc/}" 2>/dev/null
         done
-        exit 0' signal "$1" "$SLURM_JOB_ID" || echo "== could not signal every node (srun exit $?)" >&2
+        exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-guide_utils[.]train}" ||
+        echo "== could not signal every node (srun exit $?)" >&2
+}
+
+# The GUIDE_SIGNAL_MATCH for a training command (its words as arguments): the processes that
+# run its program, not the launchers around them. `python [-flags] SCRIPT.py ...` and
+# `python [-flags] -m MODULE ...` match a Python interpreter whose first argument that is not
+# a flag is that script or module (as the command gives it, or as torchrun passes it on:
+# `python -u SCRIPT.py`), which torchrun's own command line (`python .../torchrun ...
+# SCRIPT.py`) and mpirun's do not; any other program matches by its name.
+guide_command_match() {
+    local words=("$@") i=1 target
+    if [[ ${words[0]##*/} == python* ]]; then
+        while [[ ${words[i]:-} == -?* && ${words[i]} != -m ]]; do i=$((i + 1)); done
+        if [[ ${words[i]:-} == -m ]]; then
+            target="-m $(guide_regex_literal "${words[i + 1]:-}")"
+        else
+            target=$(guide_regex_literal "${words[i]:-}")
+        fi
+        printf '^([^ ]*/)?python[0-9.]*( -[^ ]+)* %s( |$)\n' "$target"
+    else
+        printf '^([^ ]*/)?%s( |$)\n' "$(guide_regex_literal "${words[0]##*/}")"
+    fi
+}
+
+# A string as an extended regular expression that matches only itself.
+guide_regex_literal() {
+    # shellcheck disable=SC2001  # one sed for every special character at once
+    sed 's/[][\.*^$+?(){}|]/\\&/g' <<<"$1"
 }
 
 # Run a launch command so that the job survives its time limit: Slurm's warning (USR1, from
@@ -321,6 +357,7 @@ guide_run_requeueable() {
     # the training itself, or the status a launcher makes of it (torchrun: 1).
     if ((status == 75)) || { ((warned && status != 0)) && compgen -G "$GUIDE_CHECKPOINTS/*" >/dev/null; }; then
         echo "== checkpoint saved in $GUIDE_CHECKPOINTS; requeueing job $SLURM_JOB_ID to resume"
+        guide_release_scratch  # before the requeue ends this job's steps: the next start stages afresh
         scontrol requeue "$SLURM_JOB_ID"
         exit 0
     fi

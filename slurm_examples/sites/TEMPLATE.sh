@@ -19,7 +19,11 @@ GUIDE_CPUS_PER_TASK=8       # CPUs per process (data-loading workers): the node'
 # "--gres=gpu:v100:%d,nvme:200"). Without %d: a per-task request, passed as it is
 # ("--gpus-per-task=1"). Empty on CPU-only sites.
 GUIDE_GPU_REQUEST="--gpus-per-node=%d"
-GUIDE_SCRATCH='/tmp'        # node-local disk for the dataset copy, e.g. $TMPDIR, $LOCAL_SCRATCH
+# The node-local disk the dataset is unpacked to, once per node: the job's own folder
+# guide-<job id> goes there and is removed at the end. Your centre's local-disk variable, e.g.
+# ${LOCAL_SCRATCH:-} (set only inside jobs), or empty for $TMPDIR (else /tmp). A network file
+# system (NFS, Lustre, GPFS, BeeGFS...) is refused: staging exists to stop reading from one.
+GUIDE_SCRATCH=""
 GUIDE_SOFTWARE=venv         # venv | modules | apptainer
 GUIDE_VENV=""               # venv (and optionally on top of modules): path with bin/activate;
                             # modules with GUIDE_VENV="": the module brings PyTorch, the guide

@@ -7,7 +7,7 @@ GUIDE_PARTITION=""
 GUIDE_TASKS_PER_NODE=2
 GUIDE_CPUS_PER_TASK=1
 GUIDE_GPU_REQUEST=""
-GUIDE_SCRATCH=${GUIDE_CI_SCRATCH:-/tmp}/guide-scratch-$SLURM_JOB_ID
+GUIDE_SCRATCH=${GUIDE_CI_SCRATCH:-}  # the tests' "node-local" disk; empty: $TMPDIR, else /tmp
 GUIDE_SOFTWARE=venv
 GUIDE_VENV=$GUIDE_ROOT/.venv
 # python -m guide_utils pack-dataset digits data/digits.tar

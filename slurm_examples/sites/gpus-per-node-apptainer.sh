@@ -8,7 +8,7 @@ GUIDE_PARTITION=gpu
 GUIDE_TASKS_PER_NODE=8
 GUIDE_CPUS_PER_TASK=8
 GUIDE_GPU_REQUEST="--gpus-per-node=%d"
-GUIDE_SCRATCH=$LOCAL_SCRATCH
+GUIDE_SCRATCH=$LOCAL_SCRATCH  # placeholder name of the node-local disk (the job's copy goes in guide-<job id>)
 GUIDE_SOFTWARE=apptainer
 GUIDE_CONTAINER=$HOME/containers/guide.sif
 GUIDE_APPTAINER_FLAGS=(--nv -B "$LOCAL_SCRATCH")

@@ -28,6 +28,10 @@ GUIDE_GPU_REQUEST="--gpus-per-node=%d"
 GUIDE_SRUN_ARGS=("--cpu-bind=mask_cpu:fe000000000000,fe00000000000000,fe0000,fe000000,fe,fe00,fe00000000,fe0000000000")
 # No node-local disk: /tmp is in memory and counts against the job's memory; on standard-g
 # about 460 GB of it can hold files, and the unpacked dataset must fit there beside the job.
+# (The staging accepts it: tmpfs is the node's own, not a network file system.) Where it
+# does not fit (a few GCDs of small-g), leave GUIDE_DATASET_ARCHIVE empty and read an unpacked
+# copy in place, e.g. GUIDE_TRAIN_ARGS=(--data /flash/project_465000000/ilsvrc2012) on LUMI-F:
+# no staging, every small read then goes to the parallel file system (slower epochs).
 GUIDE_SCRATCH=/tmp
 GUIDE_SOFTWARE=modules
 # CSC's PyTorch modules live outside LUMI's default module path. Putting the folder on

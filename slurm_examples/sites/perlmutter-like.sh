@@ -26,7 +26,8 @@ GUIDE_SRUN_ARGS=(--cpu-bind=cores --gpu-bind=none)
 # regular gives whole nodes; a one-GPU run (01) is better off on the shared QOS: add
 # --qos=shared after the script name (options given there win).
 GUIDE_SBATCH_EXTRA=(--constraint=gpu --qos=regular)
-GUIDE_SCRATCH=/tmp        # placeholder: we could not check what backs /tmp on the GPU nodes
+GUIDE_SCRATCH=/tmp        # placeholder: we could not check what backs /tmp on the GPU nodes (the
+                          # staging refuses it if it is a network file system; memory is fine)
 GUIDE_SOFTWARE=modules
 GUIDE_MODULES="pytorch"   # placeholder: NERSC's PyTorch module (`module avail pytorch`), version not checked
 GUIDE_MODULE_PURGE=no     # Cray systems preload their programming environment as modules

@@ -16,7 +16,7 @@ GUIDE_CPUS_PER_TASK=10           # 40 cores / 4 GPUs, CSC's maximum per GPU
 # GPUs and the node-local NVMe in one --gres list: Slurm keeps only the last --gres option.
 # nvme is GB per node (at most 3600); 200 is a placeholder, the unpacked dataset plus room.
 GUIDE_GPU_REQUEST="--gres=gpu:v100:%d,nvme:200"
-GUIDE_SCRATCH=$LOCAL_SCRATCH     # that NVMe; set inside the job only, emptied after it
+GUIDE_SCRATCH=${LOCAL_SCRATCH:-}  # that NVMe: set in jobs that ask for nvme, emptied by CSC after each
 GUIDE_SOFTWARE=modules
 # CSC's module: PyTorch and CUDA, wrapped from a container so that `python` works as usual.
 # 2.5 is the newest on the CSC page we read (`module avail pytorch` shows today's); from 2.1

@@ -15,6 +15,7 @@ On the cluster:
   sync-check    do N processes (Horovod or DDP) really end with the same weights?
   rendezvous    HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
   pack-dataset  write a real image dataset as a tar archive (the ImageFolder layout)
+  prepare-imagenet  the official ILSVRC2012 downloads as that one archive, for the jobs to stage
 Performance:
   comms         allreduce time, algbw and busbw over message sizes, and the gradient knobs
   plan          how many nodes and which batch: the data-parallel step model, before you submit
@@ -44,6 +45,7 @@ COMMANDS = {  # name: (module, function), grouped as --help lists them
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
     "rendezvous": ("guide_utils.runtime.slurm", "rendezvous_main"),
     "pack-dataset": ("guide_utils.cluster.pack", "main"),
+    "prepare-imagenet": ("guide_utils.data.imagenet", "main"),
     # performance
     "comms": ("guide_utils.perf.comms", "main"),
     "plan": ("guide_utils.perf.planner", "main"),

@@ -9,7 +9,7 @@
 
     # from a JupyterHub session on a login node: the engines as a Slurm job of your site
     with interactive.EngineCluster(n=8, engines="slurm", site="mysite", controller_ip="0.0.0.0") as cluster:
-        result = cluster.train(make_config("full", dist="horovod", epochs=1))
+        result = cluster.train(make_config("full", dist="horovod", epochs=1, data="/scratch/me/ilsvrc2012"))
 
 The controller runs beside the notebook; the engines run ``ipengine --mpi``, so each is an
 MPI rank with MPI initialised (mpi4py) before Horovod's ``hvd.init()``: to the engine they
@@ -23,6 +23,13 @@ most its tasks); ``engines="slurm"`` submits the engines with a batch script bui
 site profile of ``slurm_examples/sites/`` (account, partition, GPUs, software set-up).
 The controller listens on loopback unless told otherwise (``controller_ip``): engines on
 other nodes need ``controller_ip="0.0.0.0"`` (and ``location``, a name they can resolve).
+
+Submitted from inside a job (a hub's server, ``salloc``), the engines' job gets none of that
+job's ``SLURM_*`` variables (``runtime.slurm.submission_env``). Slurm engines wait for the
+queue as long as it takes unless ``queue_timeout`` says otherwise, their job's state and
+reason shown meanwhile; ``timeout`` counts from the job's start. ``ports`` keeps the
+controller's engine-facing ports in a given range (a firewall's). MPI engines spread over an
+allocation's nodes talk over the nodes' interface, on one host over loopback.
 
 Clean-up: leaving the ``with`` block (normally, by an exception or an interrupt), the
 kernel's exit (a finalizer) and a restart stop the controller, the engines and their Slurm
@@ -45,16 +52,17 @@ from pathlib import Path
 from ..core.config import TrainConfig
 from ..core.errors import GuideError
 from ..runtime.ports import LOOPBACK, free_port
+from ..runtime.slurm import without_outer_job
 from . import watchdog
 
 # The cluster and its public face. Its parts live in a module per job: the checks and what
 # the engines start with (interactive_launch), clean-up (interactive_cleanup), following rank
 # 0 (interactive_follow), what runs on the engines (interactive_remote) and the notebook's
 # helpers (interactive_notebook).
-from .interactive_cleanup import Resources, cleanup, job_state
-from .interactive_follow import EPOCH_LINE, RECORD, Follower, in_notebook
-from .interactive_launch import (controller_address, controller_endpoint, engine_environment, mpiexec_args,
-                                 require_ipyparallel, require_mpi)
+from .interactive_cleanup import Resources, cleanup, job_state, queue_info
+from .interactive_follow import EPOCH_LINE, RECORD, Follower, QueueLine, in_notebook
+from .interactive_launch import (controller_address, controller_endpoint, controller_engine_ports,
+                                 engine_environment, engine_port_spec, mpiexec_args, require_ipyparallel, require_mpi)
 from .interactive_notebook import one_line_errors, print_plan
 from .interactive_remote import run_on_engine, whoami
 
@@ -63,9 +71,14 @@ __all__ = ["DEFAULT_TIMEOUT", "ENGINE_KINDS", "EPOCH_LINE", "HEARTBEAT_MISSES", 
            "require_ipyparallel"]
 
 ENGINE_KINDS = ("mpi", "slurm")
-# Seconds to wait for the engines to register: ipyparallel's default is 60; its own Slurm
-# tests raise it to 120 (a queue, a node's first import of torch from a shared filesystem).
+# Seconds for the engines to register once they run (for Slurm engines: once their job has
+# left the queue, which has its own limit, queue_timeout): ipyparallel's default is 60; its
+# own Slurm tests raise it to 120 (a node's first import of torch from a shared filesystem).
 DEFAULT_TIMEOUT = {"mpi": 60.0, "slurm": 120.0}
+# The controller's sockets that the engines connect to: registration, control, mux, task,
+# iopub, the two heartbeat ports and one per leaf broadcast scheduler (2 at ipyparallel's
+# default depth of 1). A port range given for them (a site firewall's) must hold that many.
+ENGINE_PORTS_NEEDED = 9
 # Engines shut themselves down after this many missed controller heartbeats (3 s apart);
 # ipyparallel's default of 50 would keep orphaned engines for minutes.
 HEARTBEAT_MISSES = 10
@@ -102,14 +115,21 @@ class EngineCluster:
 
     ``engines``: ``"mpi"`` (``mpiexec`` on this node) or ``"slurm"`` (a job from ``site``'s
     profile, for ``walltime``, its log in ``log_dir``). ``timeout``: seconds for the engines to
-    register (60 for MPI, 120 for Slurm). ``watch``: the job's controller watch, (seconds
-    between checks, missed checks before it cancels the job).
+    register once they run (60 for MPI, 120 for Slurm). ``queue_timeout``: seconds the Slurm
+    engines' job may wait in the queue (None, the default: as long as it takes; the state
+    and Slurm's reason are shown meanwhile, and interrupting cancels the job). ``ports``:
+    the controller's ports for the engines ("50000-50019", or a list; default
+    $GUIDE_CONTROLLER_PORTS, else ports the kernel picks), for a firewall between the
+    engines' nodes and this one. ``watch``: the job's controller watch, (seconds between
+    checks, missed checks before it cancels the job). ``live``: the queue's status line as a
+    display updated in place (default: inside a notebook) rather than printed lines.
     """
 
     def __init__(self, n: int = 2, *, engines: str = "mpi", site: str | None = None, controller_ip: str | None = None,
-                 location: str | None = None, timeout: float | None = None, walltime: str = "01:00:00",
+                 location: str | None = None, timeout: float | None = None, queue_timeout: float | None = None,
+                 ports: str | list[int] | None = None, walltime: str = "01:00:00",
                  log_dir: str | os.PathLike | None = None, mpi_args: list[str] | None = None,
-                 watch: tuple[float, int] = (5.0, 3)):
+                 watch: tuple[float, int] = (5.0, 3), live: bool | None = None):
         if engines not in ENGINE_KINDS:
             raise GuideError(f"engines={engines!r}: choose 'mpi' (this node) or 'slurm' (a Slurm job)")
         if not isinstance(n, int) or n < 1:
@@ -118,6 +138,11 @@ class EngineCluster:
         self.controller_ip = controller_address(controller_ip)
         self.location = location
         self.timeout = float(timeout if timeout is not None else DEFAULT_TIMEOUT[engines])
+        self.queue_timeout = None if queue_timeout is None else float(queue_timeout)
+        self.ports = engine_port_spec(ports if ports is not None else os.environ.get("GUIDE_CONTROLLER_PORTS"),
+                                      ENGINE_PORTS_NEEDED)
+        self.live = live
+        self.engine_ports: dict[str, int | list[int]] = {}  # the controller's, once started
         self.log_dir = Path(log_dir) if log_dir else None
         self.mpi_args = mpi_args
         self.site = None
@@ -192,12 +217,14 @@ class EngineCluster:
         return d.resolve()
 
     def _launch(self, ipp, res: Resources) -> None:
+        ports = [f"--IPController.engine_ports={self.ports}"] if self.ports else []
         cluster = res.cluster = ipp.Cluster(
             engines=self.engines, cluster_id=res.cluster_id, profile_dir=res.profile_dir,
             controller_ip=self.controller_ip, controller_location=self.location or "", engine_timeout=int(self.timeout),
-            delay=0, load_profile=False, log_level=logging.ERROR)
+            controller_args=ports, delay=0, load_profile=False, log_level=logging.ERROR)
         cluster.start_controller_sync()
         endpoint = controller_endpoint(res.profile_dir, res.cluster_id)
+        self.engine_ports = controller_engine_ports(res.profile_dir, res.cluster_id)
         env = engine_environment(self.engines, self.n)
         beats = [f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}"]
         if self.engines == "mpi":
@@ -209,10 +236,12 @@ class EngineCluster:
             log = self._log_dir() / f"ipengine-{res.cluster_id}-%j.out"
             script = engines_batch_script(self.site, self.n, walltime=self.walltime, log=str(log),
                                           controller=endpoint, watch=self.watch)
-            # the script beside its log (ipyparallel would write it to the current folder)
+            # the script beside its log (ipyparallel would write it to the current folder);
+            # submitted without the SLURM_* variables of a job this kernel may run in
             cluster.start_engines_sync(self.n, environment=env, engine_cmd=["python", "-m", "ipyparallel.engine"],
                                        engine_args=["--mpi", *beats], batch_template=script,
-                                       batch_file_name=str(self._log_dir() / f"ipengine-{res.cluster_id}.sbatch"))
+                                       batch_file_name=str(self._log_dir() / f"ipengine-{res.cluster_id}.sbatch"),
+                                       submit_command=without_outer_job(["sbatch"]))
             self.job_id = str(cluster.engine_set.job_id)
             self.log_path = Path(str(log).replace("%j", self.job_id))
             res.jobs.append(self.job_id)
@@ -220,16 +249,40 @@ class EngineCluster:
         res.client = cluster.connect_client_sync()
 
     def _wait_for_engines(self, res: Resources) -> None:
-        end = time.monotonic() + self.timeout
+        """Until all ``n`` engines registered. MPI engines: ``timeout`` from now. Slurm
+        engines: first the queue (the job's state and reason shown, up to ``queue_timeout``,
+        by default without limit), then ``timeout`` from the moment the job runs."""
+        start = time.monotonic()
+        running = start if self.engines == "mpi" else None
+        line = None if self.engines == "mpi" else QueueLine(self.job_id, self.queue_timeout,
+                                                             in_notebook() if self.live is None else self.live)
         checked = 0.0
         while len(res.client.ids) < self.n:
-            if time.monotonic() > end:
-                raise self._not_up(res, f"did not all register within {self.timeout:.0f} s")
-            if time.monotonic() - checked > 2:
-                checked = time.monotonic()
-                ended = self._engines_ended(res)
-                if ended:
-                    raise self._not_up(res, ended)
+            now = time.monotonic()
+            if running is not None and now - running > self.timeout:
+                raise self._not_up(res, f"did not all register within {self.timeout:.0f} s of their start")
+            if now - checked > 2:
+                checked = now
+                if self.engines == "mpi":
+                    ended = self._engines_ended(res)
+                    if ended:
+                        raise self._not_up(res, ended)
+                    continue
+                info = queue_info(self.job_id)
+                if info is None:
+                    raise self._not_up(res, "ended: the job left the queue")
+                if info[0] in ("PENDING", "CONFIGURING", "REQUEUED", "SUSPENDED") and running is None:
+                    line.update(*info)
+                    if self.queue_timeout is not None and now - start > self.queue_timeout:
+                        limit = f"{self.queue_timeout:g}"
+                        raise GuideError(f"the engines' Slurm job {self.job_id} is still {info[0]} ({info[1]}) after "
+                                         f"{limit} s in the queue (queue_timeout={limit}); "
+                                         "it was cancelled. Wait longer (queue_timeout=None waits as long as it "
+                                         "takes), ask for fewer engines or a shorter walltime, or try a "
+                                         "test/debug partition")
+                elif running is None:
+                    running = now
+                    line.update(*info)
             time.sleep(0.25)
 
     def _engines_ended(self, res: Resources) -> str | None:
@@ -258,7 +311,7 @@ class EngineCluster:
         if elsewhere and self.controller_ip.startswith("127."):
             hint = f"; engines on other nodes cannot reach {self.controller_ip}: pass controller_ip='0.0.0.0'"
         return GuideError(f"{up} of the {self.n} {where} {reason}; see {log} (above), the controller address "
-                          f"{self.controller_ip}{hint}, and raise timeout= if the queue is slow")
+                          f"{self.controller_ip}{hint}, and raise timeout= if the engines start slowly")
 
     def _identify(self, res: Resources) -> None:
         ids = sorted(res.client.ids)[: self.n]

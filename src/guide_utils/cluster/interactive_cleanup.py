@@ -63,6 +63,19 @@ def job_state(job_id: str) -> str | None:
     return None if out.returncode != 0 or state in ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT") else state
 
 
+def queue_info(job_id: str) -> tuple[str, str, str] | None:
+    """(state, reason, expected start) of a job as squeue shows them, or None once it has
+    left the queue. The reason is Slurm's for a pending job (Priority, Resources,
+    JobHeldUser, ...; "None" once it runs); the expected start is the scheduler's estimate
+    (what ``squeue --start`` shows; "N/A" when it has none)."""
+    out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%S"], capture_output=True, text=True,
+                         timeout=60)
+    fields = out.stdout.strip().split("|")
+    if out.returncode != 0 or len(fields) != 3 or fields[0] in ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"):
+        return None
+    return fields[0], fields[1], fields[2]
+
+
 def _wait_jobs_gone(jobs: list[str], timeout: float = 60) -> None:
     end = time.monotonic() + timeout
     while jobs and shutil.which("squeue") and time.monotonic() < end:

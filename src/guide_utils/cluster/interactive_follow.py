@@ -107,3 +107,48 @@ def in_notebook() -> bool:
     shell = get_ipython()
     return shell is not None and hasattr(shell, "kernel")
 
+
+
+class QueueLine:
+    """The engines' job while it waits in the queue, one status line: its state, Slurm's
+    reason, the scheduler's expected start, how long it has waited and how long it may. In a
+    notebook one display updated in place; elsewhere a line printed when the state or the
+    reason changes."""
+
+    def __init__(self, job_id: str, limit: float | None, live: bool):
+        self.job_id, self.limit, self.live, self.start = job_id, limit, live, time.monotonic()
+        self.shown: tuple[str, str] | None = None
+        self.handle = None
+
+    def text(self, state: str, reason: str, expected: str) -> str:
+        waited = time.monotonic() - self.start
+        if state == "RUNNING":
+            return f"engines: Slurm job {self.job_id} RUNNING after {_clock(waited)} in the queue; its engines register"
+        why = f" ({reason})" if reason and reason != "None" else ""
+        when = f", expected start {expected}" if expected not in ("", "N/A", "Unknown") else ""
+        limit = (f"gives up after {_clock(self.limit)} (queue_timeout={self.limit:g})" if self.limit is not None
+                 else "no limit (queue_timeout=None): interrupt to cancel the job")
+        return f"engines: Slurm job {self.job_id} {state}{why}{when}; waited {_clock(waited)}, {limit}"
+
+    def update(self, state: str, reason: str, expected: str) -> None:
+        line = self.text(state, reason, expected)
+        if self.live:
+            from IPython.display import display
+
+            if self.handle is None:
+                self.handle = display({"text/plain": line}, raw=True, display_id=True)
+            else:
+                self.handle.update({"text/plain": line}, raw=True)
+        elif self.shown != (state, reason):
+            print(line, flush=True)
+        self.shown = (state, reason)
+
+
+def _clock(seconds: float) -> str:
+    """m:ss, or h:mm:ss from an hour on.
+
+    >>> _clock(75), _clock(3725)
+    ('1:15', '1:02:05')
+    """
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

@@ -66,9 +66,44 @@ def controller_endpoint(profile_dir: str, cluster_id: str, timeout: float = 30) 
     return host, int(info["registration"])
 
 
+def engine_port_spec(ports: str | list[int] | None, needed: int = 9) -> str | None:
+    """The controller's engine ports as ipyparallel reads them ("50000-50008" or "1,3-5"),
+    checked: at least ``needed`` ports (every socket the engines connect to), each a valid
+    port; one line otherwise. None: ports the kernel picks.
+
+    >>> engine_port_spec("50000-50019"), engine_port_spec([50000 + i for i in range(9)])[:17]
+    ('50000-50019', '50000,50001,50002')
+    """
+    if ports is None or ports == "":
+        return None
+    spec = ports if isinstance(ports, str) else ",".join(str(int(p)) for p in ports)
+    try:
+        values: list[int] = []
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            values += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise GuideError(f"controller ports {spec!r}: give a range such as 50000-50019 (or a list of ports)") from None
+    if len(set(values)) < needed or not all(0 < v < 65536 for v in values):
+        raise GuideError(f"controller ports {spec!r}: the engines connect to {needed} ports of the controller; give "
+                         f"at least {needed} distinct ports between 1 and 65535, e.g. 50000-{50000 + needed - 1}")
+    return spec
+
+
+def controller_engine_ports(profile_dir: str, cluster_id: str) -> dict:
+    """The controller's ports the engines connect to, by name, from its engine connection
+    file (which :func:`controller_endpoint` waited for)."""
+    path = Path(profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
+    info = json.loads(path.read_text())
+    return {k: info[k] for k in ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong",
+                                 "broadcast") if k in info}
+
+
 def engine_environment(engines: str, n: int) -> dict[str, str]:
     """What the engines need besides the notebook's own environment: this guide_utils on
-    their path and, on this node, the batch path's settings (launch.environment). When the
+    their path and, for MPI engines, the batch path's settings (launch.environment: the
+    transports on loopback when the engines share this node, on the interface between the
+    nodes when mpiexec spreads them over an allocation's nodes). When the
     engines have no core to spare (the kernel and the controller share the node with them),
     OpenMPI yields while it waits instead of spinning: changes no number, and on two cores
     halved the time of a 2-engine Horovod run."""
@@ -76,11 +111,20 @@ def engine_environment(engines: str, n: int) -> dict[str, str]:
     if engines == "mpi":
         from ..runtime.launch import environment
 
-        full = environment()
+        full = environment(engine_hosts())
         env.update({k: v for k, v in full.items() if os.environ.get(k) != v})
         if n >= (os.cpu_count() or 1):
             env.setdefault("OMPI_MCA_mpi_yield_when_idle", os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1"))
     return env
+
+
+def engine_hosts() -> list[str]:
+    """The hosts mpiexec may start engines on: the allocation's nodes inside a Slurm job
+    (OpenMPI's mpiexec uses all of them), else this host alone (an empty list)."""
+    from ..runtime.slurm import SlurmJob
+
+    job = SlurmJob.from_env()
+    return job.nodes if job is not None and len(job.nodes) > 1 else []
 
 
 def mpiexec_args() -> list[str]:

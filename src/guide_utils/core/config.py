@@ -23,7 +23,10 @@ from .errors import GuideError
 class TrainConfig:
     # what is trained on what
     model: str = "resnet50"
-    data: str = "synthetic"  # "synthetic", "mnist1d", "digits" or an ImageFolder directory
+    # "synthetic", "mnist1d", "digits" or an ImageFolder directory. None (the full profile's):
+    # not chosen, and the run refuses to start, so that a cluster job without its dataset
+    # never trains for days on random images; synthetic data must be asked for by name.
+    data: str | None = None
     image_size: int = 224
     synthetic_size: int = 10240  # samples per synthetic "epoch" (per job, split over workers)
     mnist1d_samples: int = 20000
@@ -75,6 +78,8 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         """Raise GuideError for settings that cannot work, before anything starts."""
+        if not self.data:
+            raise GuideError(NO_DATA)
         if self.per_worker_batch <= 0:
             raise GuideError(f"--per-worker-batch must be a positive integer, got {self.per_worker_batch}")
         if self.epochs <= 0:
@@ -126,6 +131,10 @@ class TrainConfig:
 
 
 OPTIMIZERS = ("sgd", "lars", "lamb")
+NO_DATA = ("no dataset: the full profile trains on ImageNet and will not guess it; pass --data DIR "
+           "(DIR/train/<class>/* and DIR/val/<class>/*; the sbatch examples pass the staged copy of "
+           "GUIDE_DATASET_ARCHIVE, which python -m guide_utils prepare-imagenet makes), or --data synthetic "
+           "for random images (speed only)")
 
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {},

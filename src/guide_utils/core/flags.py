@@ -40,7 +40,7 @@ def build_parser(prog: str = PROG, description: str = "") -> ArgumentParser:
                    + _defaults("model"))
     g.add_argument("--data", help="synthetic (random ImageNet-shaped tensors), mnist1d (generated offline), "
                                   "digits (scikit-learn's 8x8 images), or a directory with train/ and val/ "
-                                  "class folders " + _defaults("data"))
+                                  "class folders (full: required, never guessed; smoke: mnist1d)")
     g.add_argument("--image-size", type=int, help="crop size for image data " + _defaults("image_size"))
     g.add_argument("--synthetic-size", type=int, help="samples per epoch with --data synthetic "
                    + _defaults("synthetic_size"))

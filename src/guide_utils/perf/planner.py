@@ -10,7 +10,10 @@ the training (epochs x images) and a target:
 * ``--deadline-hours H``: the cheapest configuration (GPU-hours) that finishes within H;
 * ``--budget-gpu-hours G``: the fastest configuration that costs at most G.
 
-Targets combine (every one given must hold). Each candidate is predicted by the step model
+Targets combine (every one given must hold). ``--array N`` prints what N such runs cost
+together (a job array of N tasks: seeds, a sweep) before it is submitted, and
+``--whole-nodes`` bills every GPU of each node a task touches, as sites that allocate
+whole nodes do. Each candidate is predicted by the step model
 of :mod:`guide_utils.perf.model`; the answer comes with the learning rate of the linear
 scaling rule for its global batch and the warmup the guide recommends (gradual, 5 epochs,
 from one worker's rate: Goyal et al. 2017, the thesis's experiments 8 and 9), and the
@@ -172,8 +175,10 @@ def _best_multi(table) -> float:
 def plan(*, params: int, throughputs: dict[int, float], network: Network, target: Target, gpus_per_node: int,
          max_nodes: int, epochs: int = 90, images: int = IMAGENET_TRAIN_IMAGES, node_network: Network | None = None,
          fp16_allreduce: bool = False, overlap: float = 0.0, max_global_batch: int = GOYAL_MAX_BATCH,
-         base_lr: float = 0.1, base_batch: int = 256, nodes: int | None = None) -> dict[str, Any]:
-    """The whole answer: the chosen configuration, its schedule and command, all candidates."""
+         base_lr: float = 0.1, base_batch: int = 256, nodes: int | None = None, array: int = 1,
+         whole_nodes: bool = False) -> dict[str, Any]:
+    """The whole answer: the chosen configuration, its schedule and command, what ``array``
+    runs of it cost (:func:`array_cost`), all candidates. The targets are for one run."""
     table = candidates(throughputs, params, network, gpus_per_node=gpus_per_node, max_nodes=max_nodes,
                        epochs=epochs, images=images, node_network=node_network,
                        bytes_per_element=2 if fp16_allreduce else 4, overlap=overlap,
@@ -186,7 +191,25 @@ def plan(*, params: int, throughputs: dict[int, float], network: Network, target
         note = (f"no configuration with more GPUs meets the target (best efficiency beyond one GPU: "
                 f"{_best_multi(table):.2f}): stay on one GPU, or raise the network or the per-worker batch")
     return {"choice": choice, "schedule": sched, "note": note,
-            "command": command(choice, sched, gpus_per_node, fp16_allreduce), "candidates": table.to_dict("records")}
+            "command": command(choice, sched, gpus_per_node, fp16_allreduce),
+            "cost": array_cost(choice, tasks=array, gpus_per_node=gpus_per_node, whole_nodes=whole_nodes),
+            "candidates": table.to_dict("records")}
+
+
+def array_cost(choice: dict[str, Any], *, tasks: int = 1, gpus_per_node: int, whole_nodes: bool = False
+               ) -> dict[str, Any]:
+    """What ``tasks`` runs of ``choice`` cost together (a job array), in GPU-hours: each task
+    its GPUs for its wall-clock time, or, ``whole_nodes``, every GPU of each node it holds.
+
+    >>> array_cost({"workers": 1, "nodes": 1, "wall_hours": 10.0}, tasks=8, gpus_per_node=4, whole_nodes=True)
+    {'tasks': 8, 'billed_gpus': 4, 'gpu_hours_per_task': 40.0, 'gpu_hours': 320.0, 'whole_nodes': True}
+    """
+    if not isinstance(tasks, int) or tasks < 1:
+        raise GuideError(f"--array must be a positive integer (the array's tasks), got {tasks}")
+    billed = int(choice["nodes"]) * gpus_per_node if whole_nodes else int(choice["workers"])
+    per_task = float(choice["wall_hours"]) * billed
+    return {"tasks": tasks, "billed_gpus": billed, "gpu_hours_per_task": per_task, "gpu_hours": per_task * tasks,
+            "whole_nodes": whole_nodes}
 
 
 def command(choice: dict[str, Any], sched: dict[str, Any], gpus_per_node: int, fp16_allreduce: bool) -> str:
@@ -252,6 +275,11 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--min-efficiency", type=float, help="scaling efficiency floor, e.g. 0.8")
     g.add_argument("--deadline-hours", type=float, help="wall-clock hours the training must fit in")
     g.add_argument("--budget-gpu-hours", type=float, help="GPU-hours the training may cost")
+    g = p.add_argument_group("the cost")
+    g.add_argument("--array", type=int, default=1, metavar="N",
+                   help="the GPU-hours of N such runs, a job array of N tasks (default 1)")
+    g.add_argument("--whole-nodes", action="store_true",
+                   help="the site bills whole nodes: every GPU of a node a task holds counts")
     p.add_argument("--json", action="store_true", help="the answer as one JSON object")
     return p
 
@@ -268,6 +296,11 @@ def format_answer(answer: dict[str, Any]) -> str:
              f"training: {c['wall_hours']:.1f} h wall clock, {c['gpu_hours']:.0f} GPU-hours",
              f"learning rate {s['lr']:g} ({s['lr_scaling']} scaling rule), {warm}",
              f"submit: {answer['command']}"]
+    cost = answer.get("cost")
+    if cost and (cost["tasks"] > 1 or cost["whole_nodes"]):
+        billed = f"{cost['billed_gpus']} GPU(s) billed per task" + (", whole nodes" if cost["whole_nodes"] else "")
+        lines.append(f"cost: {cost['tasks']} task(s) x {cost['gpu_hours_per_task']:.0f} GPU-hours = "
+                     f"{cost['gpu_hours']:.0f} GPU-hours ({billed})")
     if answer.get("note"):
         lines.append(f"note: {answer['note']}")
     return "\n".join(lines)
@@ -293,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                   target=Target(args.min_efficiency, args.deadline_hours, args.budget_gpu_hours),
                   gpus_per_node=args.gpus_per_node, max_nodes=args.max_nodes, epochs=args.epochs, images=args.images,
                   fp16_allreduce=args.fp16_allreduce, overlap=args.overlap, max_global_batch=args.max_global_batch,
-                  base_lr=args.base_lr, base_batch=args.base_batch, nodes=args.nodes)
+                  base_lr=args.base_lr, base_batch=args.base_batch, nodes=args.nodes, array=args.array,
+                  whole_nodes=args.whole_nodes)
     print(json.dumps(answer) if args.json else format_answer(answer))
     return 0
 

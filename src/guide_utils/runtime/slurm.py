@@ -171,6 +171,48 @@ class SlurmJob:
         }
 
 
+# What Slurm's clients need to find the cluster: kept when submitting from inside a job.
+SUBMIT_KEEP = ("SLURM_CONF",)
+
+
+def submission_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to submit a job with (sbatch, salloc) from this process.
+
+    Inside a job (a notebook's kernel that the hub started as a job, an ``salloc`` shell,
+    a batch script), the environment holds the outer job's ``SLURM_*`` variables. With
+    ``--export=ALL`` (Slurm's default) they reach the new job, where Slurm overwrites only
+    those the new job sets itself: the rest describe the wrong job, and srun reads some of
+    them as options (the outer job's ``SLURM_MEM_PER_CPU`` beside the new job's
+    ``SLURM_MEM_PER_NODE``: "mutually exclusive", and the step is refused). So inside a
+    job every ``SLURM_*`` variable is dropped except ``SLURM_CONF`` (where the cluster's
+    configuration is); ``SBATCH_*`` and ``SRUN_*`` (a user's own defaults) stay. Outside a
+    job nothing changes. ``slurm_examples/submit.sh`` applies the same rule.
+
+    >>> sorted(submission_env({"SLURM_JOB_ID": "7", "SLURM_MEM_PER_CPU": "100", "SLURM_CONF": "/etc/slurm.conf",
+    ...                        "SBATCH_ACCOUNT": "p1", "HOME": "/home/me"}))
+    ['HOME', 'SBATCH_ACCOUNT', 'SLURM_CONF']
+    >>> submission_env({"SLURM_MEM_PER_CPU": "100"})  # not inside a job: as it is
+    {'SLURM_MEM_PER_CPU': '100'}
+    """
+    env = dict(os.environ if env is None else env)
+    if not env.get("SLURM_JOB_ID"):
+        return env
+    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k in SUBMIT_KEEP}
+
+
+def without_outer_job(command: list[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """``command`` prefixed with ``env -u NAME ...`` for each variable :func:`submission_env`
+    drops: for launchers that submit with their own copy of this process's environment
+    (ipyparallel's Slurm launcher), where the environment itself cannot be replaced.
+
+    >>> without_outer_job(["sbatch"], {"SLURM_JOB_ID": "7", "SLURM_CONF": "/c", "SLURM_NTASKS": "1"})
+    ['env', '-u', 'SLURM_JOB_ID', '-u', 'SLURM_NTASKS', 'sbatch']
+    """
+    env = os.environ if env is None else env
+    dropped = sorted(set(env) - set(submission_env(env)))
+    return ["env", *(a for name in dropped for a in ("-u", name)), *command] if dropped else list(command)
+
+
 @one_line_errors("python -m guide_utils rendezvous")
 def rendezvous_main(argv: list[str] | None = None) -> int:
     """``python -m guide_utils rendezvous``: print ``HOST:PORT`` for this job's rendezvous.

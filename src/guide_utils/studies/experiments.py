@@ -47,6 +47,9 @@ SMOKE_WARMUP = {5: 5, 10: 10}  # the thesis's warmup epochs, kept (a larger shar
 SMOKE_THROUGHPUT = {"model": "small_resnet", "data": "synthetic", "image_size": 32, "epochs": 1,
                     "max_steps_per_epoch": 20, "throughput_warmup_iters": 5, "loader_workers": 0}
 FULL_THROUGHPUT = {"data": "synthetic", "epochs": 1, "max_steps_per_epoch": 200, "throughput_warmup_iters": 20}
+# What a full quality run trains on: no dataset of its own (the full profile never guesses
+# one), the --data the sbatch scripts pass, the site's staged GUIDE_DATASET_ARCHIVE.
+SITE_DATA = "ImageNet (the site's GUIDE_DATASET_ARCHIVE)"
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,8 @@ def describe(run: PlannedRun, profile: str) -> str:
     lr = scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling)
     warm = f"{cfg.warmup} warmup {cfg.warmup_epochs} epochs" if cfg.warmup != "none" else "no warmup"
     steps = f", {cfg.max_steps_per_epoch} steps" if cfg.max_steps_per_epoch else ""
-    return (f"{cfg.model} on {cfg.data}; {run.workers} worker(s) x {cfg.per_worker_batch} = global batch {gbatch}; "
+    return (f"{cfg.model} on {cfg.data or SITE_DATA}; {run.workers} worker(s) x {cfg.per_worker_batch} = "
+            f"global batch {gbatch}; "
             f"lr {lr:g} ({cfg.lr_scaling} rule), {warm}; {cfg.epochs} epoch(s){steps}")
 
 
@@ -236,7 +240,7 @@ def plan_table(name: str, profile: str, chosen: list[tuple[int, PlannedRun, str]
     steps = f" of {first.max_steps_per_epoch} steps" if first.max_steps_per_epoch else ""
     quality = exp.kind == "quality"
     out = [f"{name}: {exp.title}", f"  {exp.source}; profile {profile}, {len(chosen)} run(s)",
-           f"  each run: {first.model} on {first.data}, {first.epochs} epoch(s){steps}",
+           f"  each run: {first.model} on {first.data or SITE_DATA}, {first.epochs} epoch(s){steps}",
            f"  {'run':<5}{'thesis':<15}{'here':<18}{'global batch':>12}"
            + (f"  {'lr (rule)':<16}warmup" if quality else "")]
     for i, run, _ in chosen:

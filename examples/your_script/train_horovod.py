@@ -1,0 +1,141 @@
+"""train.py on many GPUs with Horovod: one process per GPU, gradients averaged by allreduce.
+
+`diff train.py train_horovod.py` shows every line that changed; chapter 16 of the guide
+("Your own script") says which chapter's evidence each rests on. Start it with horovodrun,
+mpirun or srun (with srun's MPI plugin, e.g. --mpi=pmix):
+
+    horovodrun -np 2 python examples/your_script/train_horovod.py --epochs 3
+    srun python examples/your_script/train_horovod.py --epochs 3      # inside a Slurm job
+"""
+
+import argparse
+import hashlib
+import itertools
+import os
+import signal
+
+import horovod.torch as hvd
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+FEATURES, CLASSES = 32, 10
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description="Train a small classifier on generated data.")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=32, help="samples per step (per GPU)")
+    p.add_argument("--lr", type=float, default=0.05, help="the learning rate on one GPU")
+    p.add_argument("--warmup-epochs", type=int, default=5, help="from the one-GPU lr to lr x GPUs")
+    p.add_argument("--milestones", type=int, nargs="*", default=[30, 60, 80],
+                   help="epochs at which the learning rate drops tenfold")
+    p.add_argument("--steps-per-epoch", type=int, default=0, help="0: every batch")
+    p.add_argument("--checkpoint", default="checkpoint.pt", help="saved every epoch, resumed from")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--loader-workers", type=int, default=0, help="DataLoader processes")
+    p.add_argument("--log-every", type=int, default=50, help="print lr and loss every N steps")
+    return p.parse_args()
+
+
+def make_dataset(seed, samples=4096):
+    """Noisy points around one centre per class: learnable, and the same for the same seed."""
+    g = torch.Generator().manual_seed(seed)
+    centres = 0.4 * torch.randn(CLASSES, FEATURES, generator=g)
+    labels = torch.randint(CLASSES, (samples,), generator=g)
+    return TensorDataset(centres[labels] + torch.randn(samples, FEATURES, generator=g), labels)
+
+
+def make_model():
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+def weights_digest(model):
+    """A fingerprint of the weights: two models with the same digest are the same model."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_checkpoint(path, model, optimizer, scheduler, step):
+    """Write a new file, then rename it: a job killed mid-write keeps its old checkpoint."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "step": step}
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    args = parse_args()
+    stop = []  # Slurm's warning before the time limit (sbatch --signal=B:USR1@600), or SIGTERM
+    signal.signal(signal.SIGUSR1, lambda signum, frame: stop.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    if args.device == "cuda":  # one GPU per process; else every rank would compute on GPU 0
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    dataset = make_dataset(args.seed)
+    sampler = DistributedSampler(dataset, size, rank, seed=args.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                        drop_last=True, num_workers=args.loader_workers)
+    steps = min(len(loader), args.steps_per_epoch or len(loader))
+    model = make_model().to(device)
+    # The linear scaling rule: a global batch `size` times larger, a learning rate too
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size,
+                                momentum=0.9, weight_decay=1e-4)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+    def lr_factor(step):  # gradual warmup from the one-GPU lr (args.lr), then tenfold drops
+        if step < args.warmup_epochs * steps:
+            return (1 + (size - 1) * step / (args.warmup_epochs * steps)) / size
+        return 0.1 ** sum(step >= m * steps for m in args.milestones)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    step = 0  # optimizer steps done, over all epochs
+    if os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint, map_location=device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = state["step"]
+        if rank == 0:
+            print(f"resuming from {args.checkpoint} at step {step}")
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # every rank starts from rank 0's
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in range(step // steps, args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch (the same on every rank)
+        model.train()
+        totals = torch.zeros(3, device=device)  # summed loss, correct predictions, samples
+        for x, y in itertools.islice(loader, step - epoch * steps, steps):  # skip steps done
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            loss = loss_fn(out, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if rank == 0 and step % args.log_every == 0:
+                print(f"step {step} lr {scheduler.get_last_lr()[0]:.10g} loss {loss.item():.4f}")
+            scheduler.step()
+            step += 1
+            correct = (out.argmax(1) == y).sum().item()
+            totals += torch.tensor([loss.item() * len(y), correct, len(y)], device=device)
+            # Every 10 steps: was any rank signalled? All stop at the same step, or the rest hang.
+            if step % 10 == 0 and hvd.allreduce(torch.tensor(len(stop)), op=hvd.Sum) > 0:
+                if rank == 0:
+                    save_checkpoint(args.checkpoint, model, optimizer, scheduler, step)
+                hvd.barrier()  # the checkpoint is written before any rank exits
+                raise SystemExit(75)  # "requeue me", to the batch script
+        totals = hvd.allreduce(totals, op=hvd.Sum)  # summed over the ranks: the whole epoch
+        if rank == 0:  # one line per epoch, one writer of the checkpoint
+            print(f"epoch {epoch + 1}/{args.epochs} loss {totals[0] / totals[2]:.4f} "
+                  f"accuracy {totals[1] / totals[2]:.4f}")
+            save_checkpoint(args.checkpoint, model, optimizer, scheduler, step)
+    print(f"rank {rank} weights {weights_digest(model)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The dataset staging of lib/guide.sh (guide_stage_data and lib/stage_node.sh), on this
+machine with a stand-in ``srun`` that runs each step's command here, as one node: the
+copy is the job's own folder, refused on a network file system or a disk too small,
+never another user's folder, and removed when the batch shell ends (normally or by TERM).
+tests/test_slurm_examples.py runs the same staging in jobs of the test Slurm."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "slurm_examples"
+JOB = "4242"
+PROFILE = """\
+GUIDE_ACCOUNT="" GUIDE_PARTITION="" GUIDE_TASKS_PER_NODE=1 GUIDE_CPUS_PER_TASK=1 GUIDE_GPU_REQUEST=""
+GUIDE_SCRATCH="{scratch}" GUIDE_SOFTWARE=venv GUIDE_VENV=/nowhere GUIDE_TRAIN_PROFILE=smoke GUIDE_SRUN_MPI=pmix
+GUIDE_DATASET_ARCHIVE="{archive}" GUIDE_DATASET_NAME=toy
+GUIDE_TRAIN_ARGS=() GUIDE_SBATCH_EXTRA=()
+"""
+
+
+def _fake(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A one-node "job": a toy archive, a scratch disk, srun that runs the step here, and df
+    answering FAKE_FSTYPE / FAKE_AVAIL when they are set (else the real df)."""
+    archive = tmp_path / "toy.tar"
+    with tarfile.open(archive, "w") as tar:
+        for split in ("train", "val"):
+            info = tarfile.TarInfo(f"toy/{split}/a/0.png")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"png"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    bin_dir = tmp_path / "bin"
+    _fake(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done\nexec "$@"')
+    real_df = subprocess.run(["bash", "-c", "command -v df"], capture_output=True, text=True).stdout.strip()
+    _fake(bin_dir, "df", f"""\
+case "$*" in
+    *--output=fstype*) [[ -n ${{FAKE_FSTYPE:-}} ]] && {{ echo Type; echo "$FAKE_FSTYPE"; exit 0; }} ;;
+    *--output=avail*) [[ -n ${{FAKE_AVAIL:-}} ]] && {{ echo Avail; echo "$FAKE_AVAIL"; exit 0; }} ;;
+esac
+exec {real_df} "$@\"""")
+    site = tmp_path / "site.sh"
+    site.write_text(PROFILE.format(scratch=scratch, archive=archive))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", GUIDE_ROOT=str(REPO), GUIDE_SITE=str(site), SLURM_JOB_ID=JOB,
+               SLURM_JOB_NUM_NODES="1", SLURMD_NODENAME="node1", TMPDIR=str(tmp_path))
+
+    def run(script: str = "", background: bool = False, **extra: str):
+        code = f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\nguide_load_site\nguide_stage_data\n{script}'
+        args = dict(env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        return subprocess.Popen(["bash", "-c", code], **args) if background else subprocess.run(["bash", "-c", code],
+                                                                                               **args)
+
+    run.scratch, run.site, run.archive = scratch, site, archive
+    return run
+
+
+# A folder of another user can only be made by root (the CI runs as root, as the test Slurm needs).
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder of another user")
+
+
+def _one_error(out: subprocess.CompletedProcess) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: staging on node node1: "), line
+    return line.removeprefix("error: staging on node node1: ")
+
+
+def test_the_copy_is_this_jobs_own_folder_and_goes_with_the_job(node):
+    """A folder someone left where a shared scratch would hold the dataset is not taken
+    for this job's copy; the copy is guide-<job id>/NAME, data only this user reads, and it
+    is gone once the batch shell has exited."""
+    (node.scratch / "toy" / "train").mkdir(parents=True)  # another job's, or half of one
+    out = node('ls "${GUIDE_DATA_ARGS[1]}"; stat -c %a "$(dirname "${GUIDE_DATA_ARGS[1]}")"')
+    assert out.returncode == 0, out.stderr
+    folder = node.scratch / f"guide-{JOB}"
+    size = subprocess.run(["numfmt", "--to=iec-i", "--suffix=B", str(node.archive.stat().st_size)],
+                          capture_output=True, text=True).stdout.strip()
+    assert out.stdout.splitlines() == [
+        f"== staging {node.archive} ({size}) to {folder}/toy on each node: each needs at least {size} free in "
+        f"{node.scratch}", "train", "val", "700"]
+    assert sorted(p.name for p in node.scratch.iterdir()) == ["toy"]  # ours removed, the other left alone
+
+
+def test_an_empty_scratch_means_tmpdir(node, tmp_path):
+    node.site.write_text(node.site.read_text().replace(f'GUIDE_SCRATCH="{node.scratch}"', 'GUIDE_SCRATCH=""'))
+    out = node('echo "${GUIDE_DATA_ARGS[1]}"')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == f"{tmp_path}/guide-{JOB}/toy"
+    assert not (tmp_path / f"guide-{JOB}").exists()
+
+
+@pytest.mark.parametrize("fstype", ["nfs4", "lustre", "gpfs", "beegfs", "cifs"])
+def test_a_network_file_system_is_refused(node, fstype):
+    message = _one_error(node(FAKE_FSTYPE=fstype))
+    assert message == (f"GUIDE_SCRATCH={node.scratch} is on {fstype}, a network file system, not this node's own "
+                       f"disk; set GUIDE_SCRATCH in {node.site} to the node-local disk your centre's user guide names "
+                       "($TMPDIR, $LOCAL_SCRATCH), or to empty for $TMPDIR")
+    assert list(node.scratch.iterdir()) == []
+
+
+def test_the_space_is_checked_before_unpacking(node):
+    message = _one_error(node(FAKE_AVAIL="1000"))
+    assert message.startswith(f"{node.scratch} has 1000B free, and unpacking {node.archive} takes at least its size")
+    assert message.endswith(f"free space in {node.scratch} or set GUIDE_SCRATCH in {node.site} to a larger "
+                            "node-local disk")
+    assert list(node.scratch.iterdir()) == []  # the job's empty folder went with it
+
+
+@as_root
+def test_another_users_folder_of_the_same_name_is_refused_and_left_alone(node):
+    theirs = node.scratch / f"guide-{JOB}"
+    (theirs / "toy").mkdir(parents=True)
+    os.chown(theirs, 65534, 65534)
+    message = _one_error(node())
+    assert message.startswith(f"{theirs} exists and belongs to ") and message.endswith(", not to you; remove it, "
+                                                                                     f"or set GUIDE_SCRATCH in "
+                                                                                     f"{node.site} to a disk folder "
+                                                                                     "of yours")
+    assert (theirs / "toy").is_dir()
+
+
+def test_a_complete_copy_of_this_job_is_used_again(node):
+    """A requeued job on the same node whose earlier start was killed before its clean-up."""
+    (node.scratch / f"guide-{JOB}" / "toy" / "train").mkdir(parents=True)
+    out = node()
+    assert out.returncode == 0, out.stderr
+    assert f"{node.scratch}/guide-{JOB}/toy is complete already (this job's own copy)" in out.stdout
+    assert list(node.scratch.iterdir()) == []
+
+
+@as_root
+def test_what_a_cut_short_clean_up_left_is_removed_by_the_next_staging(node):
+    """A cancel can SIGKILL the clean-up half-way (srun's answer to its own TERM): the copy
+    it had renamed to .guide-<job id>.removing goes at this user's next staging there."""
+    mine, theirs = node.scratch / ".guide-1111.removing", node.scratch / ".guide-2222.removing"
+    (mine / "toy").mkdir(parents=True)
+    (theirs / "toy").mkdir(parents=True)
+    os.chown(theirs, 65534, 65534)
+    out = node()
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in node.scratch.iterdir()) == [theirs.name]
+
+
+def test_a_batch_shell_ended_by_term_removes_the_copy(node):
+    """scancel, the time limit or a requeue send TERM to the batch shell (and to the steps)."""
+    proc = node('echo staged; sleep 60 & wait', background=True)
+    assert proc.stdout.readline().startswith("== staging")
+    assert proc.stdout.readline() == "staged\n"
+    assert (node.scratch / f"guide-{JOB}" / "toy" / "val").is_dir()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    end = time.monotonic() + 10
+    while list(node.scratch.iterdir()) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert list(node.scratch.iterdir()) == []
