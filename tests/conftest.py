@@ -64,15 +64,15 @@ def make_image_tree(root: Path, splits=("train", "val"), classes=("cat", "dog"),
     return root
 
 
+# A JupyterHub configuration file (tests/test_jupyterhub.py), not a module to import.
+collect_ignore = ["jupyterhub_config.py"]
+
 # --- the book, built once per session, in the background ------------------------------
 # The book build executes every notebook; nothing else in the session needs it until the
 # tests that read its output (test_book*.py's readers, BOOK_FILES). So it starts as soon as
 # the tests are collected, beside them, and its readers run last. Under pytest-xdist the
 # controller owns the build (a worker may be shut down while another still reads it): the
 # workers find it by its folder, and its exit status in a file there once it has ended.
-
-# A JupyterHub configuration file (tests/test_jupyterhub.py), not a module to import.
-collect_ignore = ["jupyterhub_config.py"]
 
 BOOK_FILES = ("tests/test_book.py", "tests/test_book_browser.py")  # every reader of the build, only them
 _BOOK: dict = {}
@@ -86,9 +86,17 @@ def _in_book_files(nodeid: str) -> bool:
     return nodeid.split("::", 1)[0] in BOOK_FILES
 
 
-def _order(item) -> tuple[int, int]:
-    """Slurm modules first (their jobs run beside everything else), the book's readers last."""
-    return (_in_book_files(item.nodeid), "slurm" not in item.keywords)
+# A browser that waits for notebook cells training on engines in Slurm jobs: not at the start,
+# where the book build and the Slurm examples' burst of jobs share the two cores (there its
+# cells took over 600 s; 46 s on a quiet machine), but after the other modules.
+LATE_FILES = ("tests/test_jupyterhub.py",)
+
+
+def _order(item) -> tuple[bool, int]:
+    """Slurm modules first (their jobs run beside everything else), then the rest, then the
+    late ones, the book's readers last."""
+    path = item.nodeid.split("::", 1)[0]
+    return (_in_book_files(item.nodeid), 2 if path in LATE_FILES else "slurm" not in item.keywords)
 
 
 def pytest_collection_modifyitems(session, config, items):

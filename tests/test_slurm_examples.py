@@ -62,6 +62,7 @@ class Job:
     profile: str = ""  # lines added at the end of (a copy of) the CI profile
     like: str | None = None  # a shipped site profile whose GPU request and srun options the job uses
     full_doctor: bool = False  # GUIDE_DOCTOR=full: the job's doctor probes the frameworks (else --quick)
+    until_cancelled: bool = False  # runs until its test cancels it: no other test waits for it
 
 
 # Batch scripts the tests write. direct_*: one that runs the training itself, no launcher.
@@ -172,7 +173,7 @@ JOBS: dict[str, Job] = {
 JOBS["test_a_failed_link_cancels_the_rest_of_the_chain"] = Job("01_single_gpu_baseline.sbatch", via="chain",
                                                                train=("--model", "no_such_model"))
 JOBS["test_staging_is_the_jobs_own_and_goes_when_it_is_cancelled"] = Job(
-    str(REPO / "tests" / "data" / "stage_then_wait.sbatch"), via="sbatch")
+    str(REPO / "tests" / "data" / "stage_then_wait.sbatch"), via="sbatch", until_cancelled=True)
 
 
 class Submission:
@@ -600,8 +601,9 @@ def test_jobs_listen_on_loopback_where_it_can_be_configured(batch, cluster):
     configurable listener are on loopback; the only others are the known hard-coded ones."""
     assert batch.subs, "run this test with the example tests: it checks their jobs"
     for sub in batch.subs.values():
-        with contextlib.suppress(TimeoutError):
-            sub.wait(600)
+        if not sub.job.until_cancelled:  # (waiting for that one would time out and cancel it)
+            with contextlib.suppress(TimeoutError):
+                sub.wait(600)
     seen = {s for s in cluster.seen_listeners if s[0] not in ("slurmctld", "slurmd")}
     assert "srun" in {c for c, kind, _, _ in seen if kind == "slurm"}, seen
     assert any(kind == "other" for _, kind, _, _ in seen), seen  # e.g. the workers' Gloo pairs

@@ -93,7 +93,8 @@ def test_the_copy_is_this_jobs_own_folder_and_goes_with_the_job(node):
                           capture_output=True, text=True).stdout.strip()
     assert out.stdout.splitlines() == [
         f"== staging {node.archive} ({size}) to {folder}/toy on each node: each needs at least {size} free in "
-        f"{node.scratch}", "train", "val", "700"]
+        f"{node.scratch}", "train", "val", "700",
+        f"== node node1: removing the job's staged copy {folder} (the batch script is done with it)"]
     assert sorted(p.name for p in node.scratch.iterdir()) == ["toy"]  # ours removed, the other left alone
 
 
@@ -101,7 +102,7 @@ def test_an_empty_scratch_means_tmpdir(node, tmp_path):
     node.site.write_text(node.site.read_text().replace(f'GUIDE_SCRATCH="{node.scratch}"', 'GUIDE_SCRATCH=""'))
     out = node('echo "${GUIDE_DATA_ARGS[1]}"')
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[-1] == f"{tmp_path}/guide-{JOB}/toy"
+    assert out.stdout.splitlines()[-2] == f"{tmp_path}/guide-{JOB}/toy"
     assert not (tmp_path / f"guide-{JOB}").exists()
 
 
@@ -159,7 +160,7 @@ def test_what_a_cut_short_clean_up_left_is_removed_by_the_next_staging(node):
 
 def test_a_batch_shell_ended_by_term_removes_the_copy(node):
     """scancel, the time limit or a requeue send TERM to the batch shell (and to the steps)."""
-    proc = node('echo staged; sleep 60 & wait', background=True)
+    proc = node('echo staged; sleep 60 >/dev/null & wait', background=True)
     assert proc.stdout.readline().startswith("== staging")
     assert proc.stdout.readline() == "staged\n"
     assert (node.scratch / f"guide-{JOB}" / "toy" / "val").is_dir()
@@ -169,3 +170,5 @@ def test_a_batch_shell_ended_by_term_removes_the_copy(node):
     while list(node.scratch.iterdir()) and time.monotonic() < end:
         time.sleep(0.1)
     assert list(node.scratch.iterdir()) == []
+    assert proc.stdout.read().splitlines() == [f"== node node1: removing the job's staged copy {node.scratch}/guide-"
+                                               f"{JOB} (the batch script is done with it)"]

@@ -90,9 +90,15 @@ stage() {
 # may be half removed: it is first renamed (one system call) to .guide-<job id>.removing,
 # which the next staging of yours on this disk removes; it is never taken for a copy.
 hold() {
-    local folder=$1 sleeper=""
+    local folder=$1
     release() {
-        [[ -z $sleeper ]] || kill "$sleeper" 2>/dev/null
+        # Every child: a signal between `sleep &` and reading $! would miss a saved pid, and a
+        # left sleep keeps the job's output open.
+        # shellcheck disable=SC2046  # process ids, one word each
+        kill $(jobs -p) 2>/dev/null
+        local why="SIG$1 from Slurm: the job ends"
+        [[ $1 != USR2 ]] || why="the batch script is done with it"
+        echo "== node $node: removing the job's staged copy $folder ($why)"
         if [[ -d $folder && -O $folder ]]; then
             local removing=${folder%/*}/.${folder##*/}.removing
             mv -T -- "$folder" "$removing" 2>/dev/null && rm -rf -- "$removing"
@@ -101,11 +107,14 @@ hold() {
         exit 0
     }
     # USR2: the batch shell is done with it; TERM/INT/HUP: Slurm ends the job (or the step).
-    trap release USR2 TERM INT HUP
+    local sig
+    for sig in USR2 TERM INT HUP; do
+        # shellcheck disable=SC2064  # the signal's name, fixed now
+        trap "release $sig" "$sig"
+    done
     while :; do
         sleep 60 &
-        sleeper=$!
-        wait "$sleeper" || true  # returns at once when a signal arrives; the trap then runs
+        wait || true  # returns at once when a signal arrives; the trap then runs
     done
 }
 
