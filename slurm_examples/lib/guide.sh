@@ -189,19 +189,30 @@ guide_stage_data() {
 # time limit, a requeue by Slurm). It starts before anything is unpacked: a job being
 # cancelled can start no step any more.
 guide_hold_scratch() {
+    GUIDE_HOLD_FOLDER=$1
     srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
         --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" hold "$1" </dev/null &
     GUIDE_HOLD_SRUN=$!
     trap guide_release_scratch EXIT
-    trap 'exit 143' TERM  # on TERM too (scancel, the time limit): out through the EXIT trap
+    # On TERM too (scancel, the time limit): out through the EXIT trap.
+    trap 'GUIDE_ENDING=TERM; exit 143' TERM
 }
 
 # Ask the holder to remove the folders and wait while it does (at exit, or before a requeue).
+# A holder that was not listening yet (a job that failed at once: USR2 came before its trap)
+# ends without removing anything: then a step of its own removes them, unless Slurm is
+# ending the job, when no step can start (the next staging removes what a cancel left).
 guide_release_scratch() {
     [[ -n ${GUIDE_HOLD_SRUN:-} ]] || return 0
+    local status=0
     kill -USR2 "$GUIDE_HOLD_SRUN" 2>/dev/null || true
-    wait "$GUIDE_HOLD_SRUN" 2>/dev/null || true
+    wait "$GUIDE_HOLD_SRUN" 2>/dev/null || status=$?
     GUIDE_HOLD_SRUN=""
+    if ((status != 0)) && [[ ${GUIDE_ENDING:-} != TERM ]]; then
+        srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+            --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" release \
+            "$GUIDE_HOLD_FOLDER" </dev/null || true
+    fi
 }
 
 # The switch every training script has: DIST=horovod (the thesis's) or ddp (PyTorch's own

@@ -4,6 +4,7 @@
 #
 #   stage_node.sh stage FOLDER ARCHIVE NAME SITE_FILE   unpack ARCHIVE into FOLDER/NAME
 #   stage_node.sh hold FOLDER                           remove FOLDER when the job ends
+#   stage_node.sh release FOLDER                        remove FOLDER now (a holder that missed USR2)
 #
 # FOLDER is this job's own, guide-<job id> on the node's local disk (GUIDE_SCRATCH). A
 # problem is one line on stderr, "error: staging on node N: what; the fix", and exit 2.
@@ -82,13 +83,24 @@ stage() {
     rm -rf -- "$tmp"
 }
 
-# Wait beside the job until its batch shell closes this task's input (the shell exited:
-# done, failed, or requeued by the script) or Slurm sends TERM (scancel, the time limit, a
-# requeue); then remove FOLDER if it is this user's. A step started now can do this on every
-# node: once a job is being cancelled, Slurm starts no new step. On a cancel, though, the
-# srun of this step gets TERM too and answers it with a SIGKILL of this task, so a large copy
-# may be half removed: it is first renamed (one system call) to .guide-<job id>.removing,
-# which the next staging of yours on this disk removes; it is never taken for a copy.
+# Remove FOLDER if it is this user's, saying why. On a cancel, srun answers its own TERM with
+# a SIGKILL of its tasks, so a large copy may be half removed: it is first renamed (one system
+# call) to .guide-<job id>.removing, which the next staging of yours on this disk removes; it
+# is never taken for a copy.
+remove() {
+    local folder=$1 why=$2
+    echo "== node $node: removing the job's staged copy $folder ($why)"
+    if [[ -d $folder && -O $folder ]]; then
+        local removing=${folder%/*}/.${folder##*/}.removing
+        mv -T -- "$folder" "$removing" 2>/dev/null && rm -rf -- "$removing"
+        rm -rf -- "$folder"  # when another node on this disk renamed it first: nothing
+    fi
+}
+
+# Wait beside the job until its batch shell sends USR2 (it exits: done, failed, or requeued
+# by the script) or Slurm sends TERM (scancel, the time limit, a requeue); then remove FOLDER.
+# A step started now can do this on every node: once a job is being cancelled, Slurm starts
+# no new step.
 hold() {
     local folder=$1
     release() {
@@ -96,13 +108,10 @@ hold() {
         # left sleep keeps the job's output open.
         # shellcheck disable=SC2046  # process ids, one word each
         kill $(jobs -p) 2>/dev/null
-        local why="SIG$1 from Slurm: the job ends"
-        [[ $1 != USR2 ]] || why="the batch script is done with it"
-        echo "== node $node: removing the job's staged copy $folder ($why)"
-        if [[ -d $folder && -O $folder ]]; then
-            local removing=${folder%/*}/.${folder##*/}.removing
-            mv -T -- "$folder" "$removing" 2>/dev/null && rm -rf -- "$removing"
-            rm -rf -- "$folder"  # when another node on this disk renamed it first: nothing
+        if [[ $1 == USR2 ]]; then
+            remove "$folder" "the batch script is done with it"
+        else
+            remove "$folder" "SIG$1 from Slurm: the job ends"
         fi
         exit 0
     }
@@ -123,5 +132,7 @@ case ${1:-} in
            stage "${@:2}" ;;
     hold) (($# == 2)) || refuse "stage_node.sh hold needs FOLDER" "see lib/guide.sh"
           hold "$2" ;;
-    *) refuse "stage_node.sh: unknown mode '${1:-}'" "use stage or hold (see lib/guide.sh)" ;;
+    release) (($# == 2)) || refuse "stage_node.sh release needs FOLDER" "see lib/guide.sh"
+             remove "$2" "the batch script is done with it; its holder had not started" ;;
+    *) refuse "stage_node.sh: unknown mode '${1:-}'" "use stage, hold or release (see lib/guide.sh)" ;;
 esac
