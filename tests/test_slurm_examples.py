@@ -730,6 +730,10 @@ def test_staging_is_the_jobs_own_and_goes_when_it_is_cancelled(jobs):
     left = {p.name for p in jobs.scratch.iterdir()}
     assert left <= {"digits", f".guide-{job_id}.removing"}, left
     assert (jobs.scratch / "digits" / "train" / "0").is_dir()  # the other folder is left alone
+    # Slurm's TERM, then the exiting batch shell's USR2: each node's holder removes it once
+    # (or is killed first: srun's answer to its own TERM).
+    removals = re.findall(r"^== node (\S+): removing the job's staged copy", jobs.log(), re.M)
+    assert all(removals.count(node) == 1 for node in removals), removals
 
 
 # -- The reader's own script (chapter 16) ------------------------------------------------------

@@ -104,6 +104,7 @@ remove() {
 hold() {
     local folder=$1
     release() {
+        trap '' USR2 TERM INT HUP  # once: a cancel sends TERM, then the exiting shell USR2
         # Every child: a signal between `sleep &` and reading $! would miss a saved pid, and a
         # left sleep keeps the job's output open.
         # shellcheck disable=SC2046  # process ids, one word each
