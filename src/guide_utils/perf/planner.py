@@ -5,19 +5,25 @@ Give the model (or its parameter count), what one GPU does alone (images/s at on
 per-worker batches: measure it with chapter 1's baseline run), the network, the node shape,
 the training (epochs x images) and a target:
 
-* ``--min-efficiency F``: the fastest configuration whose predicted scaling efficiency is
-  at least F (the least wasteful fast run);
+* ``--min-efficiency F``: the fastest configuration whose predicted time-to-solution
+  efficiency (one GPU's whole training over n times this one's) is at least F (the least
+  wasteful fast run);
 * ``--deadline-hours H``: the cheapest configuration (GPU-hours) that finishes within H;
 * ``--budget-gpu-hours G``: the fastest configuration that costs at most G.
 
 Targets combine (every one given must hold). ``--array N`` prints what N such runs cost
 together (a job array of N tasks: seeds, a sweep) before it is submitted, and
 ``--whole-nodes`` bills every GPU of each node a task touches, as sites that allocate
-whole nodes do. Each candidate is predicted by the step model
-of :mod:`guide_utils.perf.model`; the answer comes with the learning rate of the linear
-scaling rule for its global batch and the warmup the guide recommends (gradual, 5 epochs,
-from one worker's rate: Goyal et al. 2017, the thesis's experiments 8 and 9), and the
-submission command. Global batches beyond ``--max-global-batch`` (8192: the largest
+whole nodes do. Each candidate's step is predicted by the step model of
+:mod:`guide_utils.perf.model`, and its hours and GPU-hours by the time to solution of
+:mod:`guide_utils.perf.solution`: the steps plus each epoch's slow first batch, validation
+pass, checkpoint and boundary, and the job's start-up, with the terms calibrated on the
+thesis's own trainings (:mod:`guide_utils.perf.thesis_runs`) unless ``--first-batch-s``,
+``--epoch-overhead-s``, ``--validation-images`` or ``--startup-min`` say otherwise (the
+step alone promised the thesis's 32-GPU run 5.0 h; it took 6.6 h). The answer comes with
+the learning rate of the linear scaling rule for its global batch and the warmup the guide
+recommends (gradual, 5 epochs, from one worker's rate: Goyal et al. 2017, the thesis's
+experiments 8 and 9), and the submission command. Global batches beyond ``--max-global-batch`` (8192: the largest
 Goyal et al. trained ResNet-50 at without losing accuracy) are not proposed.
 
     python -m guide_utils plan --model resnet50 --throughput 128:207.79 --network 56Gbit/s \\
@@ -35,6 +41,7 @@ from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..core.scaling import IMAGENET_TRAIN_IMAGES, scaled_lr
 from .model import PARAMETERS, Network, Prediction, Workload, predict
+from .solution import Overheads, time_to_solution
 
 PROG = "python -m guide_utils plan"
 GOYAL_MAX_BATCH = 8192
@@ -92,13 +99,17 @@ def worker_counts(gpus_per_node: int, max_nodes: int) -> list[tuple[int, int]]:
 def candidates(throughputs: dict[int, float], params: int, network: Network, *, gpus_per_node: int,
                max_nodes: int, epochs: int, images: int, node_network: Network | None = None,
                bytes_per_element: int = 4, overlap: float = 0.0, max_global_batch: int = GOYAL_MAX_BATCH,
-               nodes_only: int | None = None):
-    """Every (per-worker batch, node count) predicted, as a DataFrame, one row each;
+               nodes_only: int | None = None, overheads: Overheads | None = None):
+    """Every (per-worker batch, node count) predicted, as a DataFrame, one row each: the step
+    (``efficiency`` is its throughput efficiency), the time to solution term by term
+    (``wall_hours``, ``gpu_hours``) and ``tts_efficiency``, one GPU's wall time at the same
+    batch over ``workers`` x this one's. ``overheads``: the thesis's calibration when None;
     ``nodes_only``: just that many whole nodes."""
     import pandas as pd
 
     if not throughputs:
         raise GuideError("give at least one --throughput BATCH:IMAGES_PER_S (one GPU alone at that batch)")
+    overheads = default_overheads() if overheads is None else overheads
     counts = worker_counts(gpus_per_node, max_nodes)
     if nodes_only is not None:
         counts = [(n, w) for n, w in worker_counts(gpus_per_node, nodes_only)
@@ -107,18 +118,32 @@ def candidates(throughputs: dict[int, float], params: int, network: Network, *, 
     rows = []
     for batch, rate in sorted(throughputs.items()):
         work = Workload(params, batch, rate, bytes_per_element=bytes_per_element, overlap=overlap)
+        alone = time_to_solution(predict(work, network, 1), overheads, epochs=epochs, images=images,
+                                 params=params)["wall_hours"]
         for nodes, workers in counts:
             if workers * batch > max_global_batch or workers * batch > images:
                 continue
             net = node_network if (node_network is not None and nodes == 1) else network
             p: Prediction = predict(work, net, workers)
-            rows.append({"nodes": nodes, **p.as_dict(), **p.training(epochs, images)})
+            t = time_to_solution(p, overheads, epochs=epochs, images=images, params=params)
+            rows.append({"nodes": nodes, **p.as_dict(), **t, "tts_efficiency": alone / t["gpu_hours"]})
     if not rows:
         smallest = min(throughputs)
         raise GuideError(f"no configuration fits: even one worker's batch {smallest} x {gpus_per_node} GPUs per node "
                          f"exceeds --max-global-batch {max_global_batch} or the {images} images per epoch; use "
                          "smaller per-worker batches or fewer GPUs per node")
     return pd.DataFrame(rows)
+
+
+def default_overheads(**given) -> Overheads:
+    """The time-to-solution terms calibrated on the thesis's Horovod runs (its 32-GPU first
+    batch, the fitted epoch term), each replaced by the value ``given`` where not None."""
+    from .thesis_runs import thesis_overheads
+
+    base = thesis_overheads()
+    fields = {k: v for k, v in given.items() if v is not None}
+    return Overheads(**{**{"first_batch_s": base.first_batch_s, "epoch_s": base.epoch_s,
+                           "validation_images": base.validation_images}, **fields})
 
 
 def _usable(workers: int, batch: int, max_global_batch: int, images: int) -> None:
@@ -137,7 +162,7 @@ def choose(table, target: Target) -> dict[str, Any]:
     how close the best candidate came."""
     ok = table
     if target.min_efficiency is not None:
-        ok = ok[ok["efficiency"] >= target.min_efficiency - 1e-12]
+        ok = ok[ok["tts_efficiency"] >= target.min_efficiency - 1e-12]
     if target.deadline_hours is not None:
         ok = ok[ok["wall_hours"] <= target.deadline_hours]
     if target.budget_gpu_hours is not None:
@@ -156,7 +181,7 @@ def _miss(table, target: Target) -> str:
     cheapest = table.sort_values("gpu_hours").iloc[0]
     parts = []
     if target.min_efficiency is not None:
-        parts.append(f"efficiency >= {target.min_efficiency:g} (best beyond one GPU: "
+        parts.append(f"time-to-solution efficiency >= {target.min_efficiency:g} (best beyond one GPU: "
                      f"{_best_multi(table):.2f})")
     if target.deadline_hours is not None:
         parts.append(f"{target.deadline_hours:g} h (fastest: {fastest.wall_hours:.1f} h on "
@@ -169,27 +194,28 @@ def _miss(table, target: Target) -> str:
 
 def _best_multi(table) -> float:
     multi = table[table["workers"] > 1]
-    return float((multi if not multi.empty else table)["efficiency"].max())
+    return float((multi if not multi.empty else table)["tts_efficiency"].max())
 
 
 def plan(*, params: int, throughputs: dict[int, float], network: Network, target: Target, gpus_per_node: int,
          max_nodes: int, epochs: int = 90, images: int = IMAGENET_TRAIN_IMAGES, node_network: Network | None = None,
          fp16_allreduce: bool = False, overlap: float = 0.0, max_global_batch: int = GOYAL_MAX_BATCH,
          base_lr: float = 0.1, base_batch: int = 256, nodes: int | None = None, array: int = 1,
-         whole_nodes: bool = False) -> dict[str, Any]:
+         whole_nodes: bool = False, overheads: Overheads | None = None) -> dict[str, Any]:
     """The whole answer: the chosen configuration, its schedule and command, what ``array``
-    runs of it cost (:func:`array_cost`), all candidates. The targets are for one run."""
+    runs of it cost (:func:`array_cost`), all candidates. The targets are for one run, its
+    hours and GPU-hours its time to solution (``overheads``: the thesis's when None)."""
     table = candidates(throughputs, params, network, gpus_per_node=gpus_per_node, max_nodes=max_nodes,
                        epochs=epochs, images=images, node_network=node_network,
                        bytes_per_element=2 if fp16_allreduce else 4, overlap=overlap,
-                       max_global_batch=max_global_batch, nodes_only=nodes)
+                       max_global_batch=max_global_batch, nodes_only=nodes, overheads=overheads)
     choice = choose(table, target)
     sched = schedule_for(int(choice["global_batch"]), int(choice["per_worker_batch"]), base_lr=base_lr,
                          base_batch=base_batch)
     note = ""
     if int(choice["workers"]) == 1 and (table["workers"] > 1).any():
-        note = (f"no configuration with more GPUs meets the target (best efficiency beyond one GPU: "
-                f"{_best_multi(table):.2f}): stay on one GPU, or raise the network or the per-worker batch")
+        note = (f"no configuration with more GPUs meets the target (best time-to-solution efficiency beyond one "
+                f"GPU: {_best_multi(table):.2f}): stay on one GPU, or raise the network or the per-worker batch")
     return {"choice": choice, "schedule": sched, "note": note,
             "command": command(choice, sched, gpus_per_node, fp16_allreduce),
             "cost": array_cost(choice, tasks=array, gpus_per_node=gpus_per_node, whole_nodes=whole_nodes),
@@ -271,8 +297,16 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--fp16-allreduce", action="store_true", help="gradients sent as fp16 (half the bytes)")
     g.add_argument("--overlap", type=float, default=0.0,
                    help="share of the backward pass communication can hide under, 0 to 1 (default 0: none)")
+    g = p.add_argument_group("the time to solution (default: calibrated on the thesis's runs)")
+    g.add_argument("--first-batch-s", type=float, help="seconds the first batch of each epoch takes (thesis: 9.95)")
+    g.add_argument("--epoch-overhead-s", type=float,
+                   help="seconds each epoch costs besides its steps, validation and checkpoint (thesis: fitted)")
+    g.add_argument("--validation-images", type=int, help="validated after each epoch (default 50000; 0: none)")
+    g.add_argument("--startup-min", type=float, default=0.0,
+                   help="minutes before the first step: staging data, imports (default 0: in the epoch term)")
     g = p.add_argument_group("the target (at least one; all given must hold)")
-    g.add_argument("--min-efficiency", type=float, help="scaling efficiency floor, e.g. 0.8")
+    g.add_argument("--min-efficiency", type=float,
+                   help="time-to-solution efficiency floor (one GPU's hours / (n x these)), e.g. 0.8")
     g.add_argument("--deadline-hours", type=float, help="wall-clock hours the training must fit in")
     g.add_argument("--budget-gpu-hours", type=float, help="GPU-hours the training may cost")
     g = p.add_argument_group("the cost")
@@ -292,8 +326,12 @@ def format_answer(answer: dict[str, Any]) -> str:
              f"{int(c['global_batch'])}",
              f"predicted: step {c['step_s'] * 1e3:.0f} ms (compute {c['compute_s'] * 1e3:.0f} ms, allreduce "
              f"{c['allreduce_s'] * 1e3:.1f} ms, exposed {c['exposed_s'] * 1e3:.1f} ms), {c['images_per_second']:.0f} "
-             f"img/s, efficiency {c['efficiency']:.2f}",
-             f"training: {c['wall_hours']:.1f} h wall clock, {c['gpu_hours']:.0f} GPU-hours",
+             f"img/s, throughput efficiency {c['efficiency']:.2f}",
+             f"training: {c['wall_hours']:.1f} h wall clock, {c['gpu_hours']:.0f} GPU-hours, time-to-solution "
+             f"efficiency {c['tts_efficiency']:.2f}",
+             f"  = steps {c['steps_hours']:.1f} h, first batches {c['first_batch_hours']:.1f}, validation "
+             f"{c['validation_hours']:.1f}, checkpoints {c['checkpoint_hours']:.1f}, epoch ends "
+             f"{c['epoch_hours']:.1f}, start-up {c['startup_hours']:.1f}",
              f"learning rate {s['lr']:g} ({s['lr_scaling']} scaling rule), {warm}",
              f"submit: {answer['command']}"]
     cost = answer.get("cost")
@@ -319,7 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         raise GuideError(f"--nodes must be a positive integer, got {args.nodes}")
     if not 0 <= args.overlap <= 1:
         raise GuideError(f"--overlap is a fraction from 0 to 1, got {args.overlap}")
+    if args.startup_min < 0 or (args.validation_images is not None and args.validation_images < 0):
+        raise GuideError("--startup-min and --validation-images must not be negative")
     latency = parse_latency(args.latency)
+    overheads = default_overheads(first_batch_s=args.first_batch_s, epoch_s=args.epoch_overhead_s,
+                                  validation_images=args.validation_images, startup_s=60 * args.startup_min)
     answer = plan(params=args.params if args.params is not None else PARAMETERS[args.model],
                   throughputs=parse_throughputs(args.throughput), network=Network.of(args.network, latency),
                   node_network=Network.of(args.node_network, latency) if args.node_network else None,
@@ -327,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                   gpus_per_node=args.gpus_per_node, max_nodes=args.max_nodes, epochs=args.epochs, images=args.images,
                   fp16_allreduce=args.fp16_allreduce, overlap=args.overlap, max_global_batch=args.max_global_batch,
                   base_lr=args.base_lr, base_batch=args.base_batch, nodes=args.nodes, array=args.array,
-                  whole_nodes=args.whole_nodes)
+                  whole_nodes=args.whole_nodes, overheads=overheads)
     print(json.dumps(answer) if args.json else format_answer(answer))
     return 0
 
