@@ -60,6 +60,19 @@ def test_every_entry_is_complete_and_clean():
             assert not INTERNAL.search(entry.fields.get(name, "")), f"{key}: {name} reads like an internal note"
 
 
+def test_no_work_is_in_the_bibliography_twice():
+    """Two keys for one work print it twice in the references (Sergeev and Del Balso were once
+    both ``horovod`` and ``sergeev2018horovod``): one entry per eprint, DOI and title."""
+    seen = {}
+    for key, entry in entries().items():
+        for name in ("eprint", "doi", "title"):
+            value = entry.fields.get(name)
+            if value:
+                ident = (name, re.sub(r"[{}\s]", "", value).lower())
+                assert ident not in seen, f"{key} and {seen[ident]} have the same {name}: merge them"
+                seen[ident] = key
+
+
 def test_the_entries_the_book_needs():
     e = entries()
     assert [str(p) for p in e["summit"].persons["author"]][0] == "Yin, Junqi"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from guide_utils.core.config import make_config
-from guide_utils.studies.experiments import EXPERIMENTS, plan, runs
+from guide_utils.studies.experiments import EXPERIMENTS, SMOKE_WARMUP, plan, runs
 from guide_utils.core.records import read_runs
 from guide_utils.core.scaling import global_batch, scaled_lr
 
@@ -38,6 +38,19 @@ def test_warmups_match_the_thesis():
              for n in ("exp5", "exp6", "exp7", "exp8", "exp9")}
     assert kinds == {"exp5": {("none", 5)}, "exp6": {("stepping", 5)}, "exp7": {("stepping", 5)},
                      "exp8": {("gradual", 5)}, "exp9": {("gradual", 10)}}
+
+
+def test_every_smoke_warmup_ends_before_the_first_drop():
+    """A warmup that ends at the first learning-rate drop never trains at its peak rate (smoke
+    exp9 once warmed up for 10 epochs with its first drop at epoch 10); the thesis's runs spent
+    at least 20 epochs at the peak. At smoke scale every warmed-up run keeps a tenth of its
+    epochs at the peak, and exp9 still warms up longer than exp8."""
+    for name in ("exp6", "exp7", "exp8", "exp9"):
+        for r in runs(name, "smoke"):
+            s = r.settings
+            assert (min(s["milestones"]) - s["warmup_epochs"]) / s["epochs"] >= 0.1, (name, r.label)
+    assert SMOKE_WARMUP[10] > SMOKE_WARMUP[5]
+    assert all(f"warmup {SMOKE_WARMUP[10]} ep" in r.label for r in runs("exp9", "smoke"))
 
 
 def test_smoke_keeps_the_scaling_factor_of_every_run():
@@ -96,7 +109,7 @@ def test_running_a_smoke_experiment_writes_one_record_per_run(tmp_path):
     assert sorted(r.name for r in records) == [f"exp9-smoke-run{i}" for i in range(2)]
     for r in records:
         assert len(r.epochs) == 1 and r.summary["completed_epochs"] == 1 and r.config["epochs"] == 1
-        assert (r.config["warmup"], r.config["warmup_epochs"]) == ("gradual", 10)
+        assert (r.config["warmup"], r.config["warmup_epochs"]) == ("gradual", SMOKE_WARMUP[10])
     by_batch = {r.config["global_batch"]: r.config["peak_lr"] for r in records}
     assert by_batch == pytest.approx({768: 1.2, 1024: 1.6})
 

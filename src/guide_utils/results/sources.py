@@ -65,6 +65,31 @@ def thesis_quality(experiment: int):
     return table
 
 
+# The first training batch of an epoch in the thesis's logs, in seconds (section 5.2, Figure 12:
+# one node, 2 GPUs; section 5.3, Figure 13: 8 nodes, 32 GPUs; both at 128 images per GPU). "pytorch"
+# is the PyTorch examples script (DataParallel in Figure 12, DDP across nodes in Figure 13),
+# "horovod_pytorch" its Horovod version.
+THESIS_FIRST_BATCH = {12: {"gpus": 2, "pytorch": 18.532, "horovod_pytorch": 9.696},
+                      13: {"gpus": 32, "pytorch": 21.925, "horovod_pytorch": 9.950}}
+
+
+def without_first_batch(images_per_second: float, global_batch: int, first_batch_s: float,
+                        batches: int = 200) -> float:
+    """Images/s over batches 2 to ``batches``, from a throughput the thesis's way.
+
+    The thesis divides the global batch by the running-average batch time its log reports at
+    batch 199 (section 5.1), so ``batches`` times that average is the time of all of them; take
+    the first batch's time out and divide the rest.
+
+    >>> round(without_first_batch(6104.32, 32 * 128, 9.95), 1)  # Table 9, Figure 13
+    6560.2
+    """
+    total = batches * global_batch / images_per_second
+    if first_batch_s >= total:
+        raise GuideError(f"a first batch of {first_batch_s} s is longer than all {batches} batches ({total:.1f} s)")
+    return (batches - 1) * global_batch / (total - first_batch_s)
+
+
 def other_sources():
     """Headline numbers of the ARIS, Summit and SLICES documents, one row each."""
     return _read("other_sources.csv")
