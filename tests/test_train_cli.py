@@ -80,6 +80,11 @@ CASES = {
     "not a number": (["--base-lr", "fast"], ["--base-lr"]),
     "missing dataset": (["--data", "no/such/dir", "--model", "small_resnet"], ["no/such/dir"]),
     "warmup start batch zero": (["--warmup-start-batch", "0"], ["--warmup-start-batch", "0"]),
+    "accumulate steps zero": (["--accumulate-steps", "0"], ["--accumulate-steps must be a positive integer", "0"]),
+    "negative accumulate steps": (["--accumulate-steps", "-2"], ["--accumulate-steps", "-2"]),
+    # 3200 training samples: 32 x 200 accumulated is 6400 per step, the data cannot fill one
+    "accumulated step larger than the data": (["--accumulate-steps", "200"],
+                                              ["one optimizer step of 200 x 32 = 6400", "--accumulate-steps 200"]),
 }
 
 

@@ -142,6 +142,8 @@ def test_a_rerun_resumes_from_the_checkpoint(tmp_path):
     (["--per-worker-batch", "0"], "--per-worker-batch must be a positive integer"),
     (["--dist", "ddp"], "argument --dist: invalid choice: 'ddp'"),
     (["--channels-last"], "--channels-last applies to the PyTorch engine only"),
+    (["--accumulate-steps", "2"], "--accumulate-steps is not implemented in the TensorFlow door; train with python "
+                                  "-m guide_utils.train, or drop it and pass --per-worker-batch 64"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     proc = subprocess.run([*TRAIN_TF, *args, "--results-dir", "r"], capture_output=True, text=True,

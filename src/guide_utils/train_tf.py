@@ -9,8 +9,8 @@ Cluster (one task per GPU, inside an sbatch script):
     srun --mpi=pmix python -m guide_utils.train_tf --data $TMPDIR/ilsvrc2012 --dist horovod --warmup gradual
     srun python -m guide_utils.train_tf --dist mwms ...     # TensorFlow's MultiWorkerMirroredStrategy
 
-Flags that only the PyTorch engine has (--amp, --channels-last, --compile, --fp16-allreduce)
-are refused with one line. --dist takes none, horovod or mwms. Exit status: 0 done, 2 bad
+Flags that only the PyTorch engine has (--amp, --channels-last, --compile, --fp16-allreduce,
+--accumulate-steps) are refused with one line. --dist takes none, horovod or mwms. Exit status: 0 done, 2 bad
 input (one line says what to fix), 75 stopped by SIGTERM/SIGUSR1 with --checkpoint-dir
 (requeue and rerun the same command to resume). Checkpoints are saved at epoch ends only:
 Keras's fit cannot start part-way through an epoch, so a stop mid-epoch redoes that epoch.

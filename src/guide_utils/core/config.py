@@ -33,6 +33,11 @@ class TrainConfig:
     # optimisation (thesis, Appendix 5)
     epochs: int = 90
     per_worker_batch: int = 128
+    # Gradient accumulation: each worker adds the gradients of this many micro-batches of
+    # per_worker_batch before one optimizer step, so the global batch (and with it the scaled
+    # learning rate and the schedule) is workers x per_worker_batch x accumulate_steps. It
+    # keeps the global batch when the GPU count shrinks, or when a batch does not fit.
+    accumulate_steps: int = 1
     base_lr: float = 0.1
     base_batch: int = 256
     lr_scaling: str = "linear"
@@ -82,6 +87,10 @@ class TrainConfig:
             raise GuideError(NO_DATA)
         if self.per_worker_batch <= 0:
             raise GuideError(f"--per-worker-batch must be a positive integer, got {self.per_worker_batch}")
+        if isinstance(self.accumulate_steps, bool) or not isinstance(self.accumulate_steps, int) \
+                or self.accumulate_steps <= 0:
+            raise GuideError(f"--accumulate-steps must be a positive integer (1: no accumulation), "
+                             f"got {self.accumulate_steps}")
         if self.epochs <= 0:
             raise GuideError(f"--epochs must be positive, got {self.epochs}")
         if self.base_lr <= 0 or self.base_batch <= 0:

@@ -36,7 +36,7 @@ def build_parser(prog: str = PROG, description: str = "") -> ArgumentParser:
     p.add_argument("--profile", choices=sorted(PROFILES), default="full",
                    help="settings every other flag starts from (default: full)")
     g = p.add_argument_group("model and data")
-    g.add_argument("--model", help="torchvision name (e.g. resnet50), small_resnet or mnist1d_cnn "
+    g.add_argument("--model", help="torchvision name (e.g. resnet50), small_resnet, mnist1d_cnn or mnist1d_mlp "
                    + _defaults("model"))
     g.add_argument("--data", help="synthetic (random ImageNet-shaped tensors), mnist1d (generated offline), "
                                   "digits (scikit-learn's 8x8 images), or a directory with train/ and val/ "
@@ -49,6 +49,10 @@ def build_parser(prog: str = PROG, description: str = "") -> ArgumentParser:
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, help=_defaults("epochs"))
     g.add_argument("--per-worker-batch", type=int, help="samples per worker per step " + _defaults("per_worker_batch"))
+    g.add_argument("--accumulate-steps", type=int, metavar="N",
+                   help="add the gradients of N batches before each optimizer step: global batch = workers x "
+                        "--per-worker-batch x N, so half the GPUs with N=2 keep the global batch, its learning "
+                        "rate and its schedule " + _defaults("accumulate_steps"))
     g.add_argument("--base-lr", type=float, help="learning rate at --base-batch " + _defaults("base_lr"))
     g.add_argument("--base-batch", type=int, help="global batch --base-lr was tuned for " + _defaults("base_batch"))
     g.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"],

@@ -56,7 +56,8 @@ class Dist:
     def is_root(self) -> bool:
         return self.rank == 0
 
-    def prepare(self, model, optimizer, *, fp16_allreduce: bool = False, bucket_mb: float | None = None):
+    def prepare(self, model, optimizer, *, fp16_allreduce: bool = False, bucket_mb: float | None = None,
+                accumulate_steps: int = 1):
         """Make every rank start from rank 0's weights and average gradients.
 
         Returns ``(model, optimizer)``; the model may be wrapped (DDP) and the optimizer is
@@ -64,12 +65,18 @@ class Dist:
         restore a checkpoint's optimizer state *after* this call, on every rank.
         ``fp16_allreduce`` sends gradients as fp16 (Horovod's compression, DDP's
         fp16_compress_hook); ``bucket_mb`` is DDP's bucket cap (None: PyTorch's 25 MB).
+
+        ``accumulate_steps`` backward passes add up before each optimizer step. Horovod's
+        optimizer counts them itself (its ``backward_passes_per_step``: each gradient is
+        allreduced once, after its last pass); DDP reduces on every backward unless the
+        caller runs the others under :meth:`no_sync`.
         """
         if self.kind == "horovod":
             hvd = self._hvd
             compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                                 compression=compression)
+                                                 compression=compression,
+                                                 backward_passes_per_step=accumulate_steps)
             # Without this broadcast each rank would start from its own random init and the
             # ranks would drift apart. (hvd.broadcast_optimizer_state is not called: on a fresh
             # optimizer it initialises the state with a zero-gradient step, which weight decay
@@ -86,6 +93,18 @@ class Dist:
 
                 model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return model, optimizer
+
+    @staticmethod
+    def no_sync(model, final: bool):
+        """Where a backward pass that is not the last of an optimizer step runs: DDP's
+        ``no_sync()`` (gradients stay local, added to by the next pass; the last pass reduces
+        their sum), else nothing (Horovod's optimizer delays its allreduce itself; alone
+        there is nothing to reduce)."""
+        import contextlib
+
+        if final or not hasattr(model, "no_sync"):
+            return contextlib.nullcontext()
+        return model.no_sync()
 
     def allreduce_mean(self, tensor, name: str = "metric"):
         """The mean of ``tensor`` over all ranks (a new tensor; the input is not modified)."""

@@ -16,6 +16,7 @@ record per run. The run plan and the bookkeeping are shared with the TensorFlow 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -109,12 +110,12 @@ def _epochs(cfg, plan, st, loaders, dist, book: RunBook) -> RunResult:
 
 def _epoch(cfg, plan, st, loaders, dist, book, result, epoch: int, stop: StopFlag) -> bool:
     """Train and validate one epoch, record it, save a checkpoint; False when a stop was requested."""
-    first_step = st.start_position // cfg.per_worker_batch if epoch == st.start_epoch else 0
+    first_step = st.start_position // plan.samples_per_step if epoch == st.start_epoch else 0
     start = time.perf_counter()
     epoch_lr = st.optimizer.param_groups[0]["lr"]  # in effect at the start of the epoch
     sums, meter, step, stop_requested = _train_steps(cfg, plan, st, loaders, dist, epoch, first_step, stop)
     if stop_requested and step < plan.steps_per_epoch:  # stopped mid-epoch: save the position
-        run_state.save(cfg, dist, st, book.run_name, epoch=epoch, position=step * cfg.per_worker_batch,
+        run_state.save(cfg, dist, st, book.run_name, epoch=epoch, position=step * plan.samples_per_step,
                        partial=sums.totals(dist))
         book.event("preempted", epoch=epoch, step=step, signal=stop.signum)
         book.say(f"stop requested (signal {stop.signum}): checkpoint saved at epoch {epoch} step {step}; "
@@ -143,21 +144,25 @@ def _train_steps(cfg, plan, st, loaders, dist, epoch: int, first_step: int, stop
     from ..core.throughput import ThroughputMeter
 
     loaders.sampler.set_epoch(epoch)
-    loaders.sampler.set_start(first_step * cfg.per_worker_batch)
+    loaders.sampler.set_start(first_step * plan.samples_per_step)
     sums = Sums(dist.device)
     if st.partial is not None and epoch == st.start_epoch and dist.is_root:
         sums.t += torch.tensor(st.partial, dtype=torch.float64, device=dist.device)
-    meter = ThroughputMeter(cfg.per_worker_batch, workers=plan.workers, warmup_iters=cfg.throughput_warmup_iters)
+    meter = ThroughputMeter(plan.samples_per_step, workers=plan.workers, warmup_iters=cfg.throughput_warmup_iters)
     st.model.train()
     bar = tqdm(total=plan.steps_per_epoch, initial=first_step, desc=f"epoch {epoch + 1}/{cfg.epochs}",
                disable=not (dist.is_root and cfg.progress), mininterval=2, leave=False, file=sys.stderr)
     step, stop_requested = first_step, False
     meter.step()  # the clock starts when the first batch is requested
-    for images, target in loaders.train:
-        if step >= plan.steps_per_epoch:
+    batches = iter(loaders.train)
+    while step < plan.steps_per_epoch:
+        first = next(batches, None)
+        if first is None:
             break
         meter.mark_data_ready()
-        _step(st, loaders.criterion, *st.to_device(images, target), sums)
+        # this step's micro-batches, read as they are needed (the plan counted enough of them)
+        micro_batches = itertools.chain([first], itertools.islice(batches, plan.accumulate_steps - 1))
+        _step(st, loaders.criterion, micro_batches, plan.accumulate_steps, sums)
         step += 1
         if dist.device.type == "cuda" and step == plan.steps_per_epoch:
             torch.cuda.synchronize()  # the clock must see the GPU finish
@@ -174,21 +179,31 @@ def _train_steps(cfg, plan, st, loaders, dist, epoch: int, first_step: int, stop
     return sums, meter, step, stop_requested
 
 
-def _step(st, criterion, images, target, sums: Sums) -> None:
-    """One optimizer step: forward, backward (gradients averaged by the backend), update."""
-    with st.autocast():
-        output = st.model(images)
-        loss = criterion(output, target)
+def _step(st, criterion, micro_batches, n: int, sums: Sums) -> None:
+    """One optimizer step: forward and backward for each of the ``n`` micro-batches, their
+    gradients added up (gradients averaged over the ranks by the backend, once), the update.
+
+    Each micro-batch's loss is divided by ``n``: the loss is a mean over the batch, so the sum
+    of the ``n`` gradients is then the gradient of the mean over all ``n x b`` samples, what
+    one batch of ``n x b`` gives (exactly, up to float rounding, for a model without
+    BatchNorm: BatchNorm normalises each micro-batch by its own statistics).
+    """
     st.optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none; None is the default
+    for i, (images, target) in enumerate(micro_batches):
+        images, target = st.to_device(images, target)
+        with distributed.Dist.no_sync(st.wrapped, final=i == n - 1):  # DDP: reduce on the last pass only
+            with st.autocast():
+                output = st.model(images)
+                loss = criterion(output, target)
+            scaled = loss / n if n > 1 else loss
+            (st.scaler.scale(scaled) if st.scaler is not None else scaled).backward()
+        sums.add(loss.float(), output.float(), target)
     if st.scaler is not None:
-        st.scaler.scale(loss).backward()
         st.scaler.step(st.optimizer)
         st.scaler.update()
     else:
-        loss.backward()
         st.optimizer.step()
     st.scheduler.step()
-    sums.add(loss.float(), output.float(), target)
 
 
 def _train_and_val_metrics(sums: Sums, st, loaders, dist) -> dict[str, float]:

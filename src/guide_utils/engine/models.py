@@ -13,8 +13,9 @@ from torch import nn
 
 from ..core.errors import GuideError
 
-CUSTOM = ("small_resnet", "mnist1d_cnn")
-MODEL_CHOICES_HELP = "a torchvision classifier (e.g. resnet50), small_resnet (2-D, CPU-sized) or mnist1d_cnn (1-D)"
+CUSTOM = ("small_resnet", "mnist1d_cnn", "mnist1d_mlp")
+MODEL_CHOICES_HELP = ("a torchvision classifier (e.g. resnet50), small_resnet (2-D, CPU-sized), mnist1d_cnn or "
+                      "mnist1d_mlp (1-D)")
 
 
 class _Block(nn.Module):
@@ -51,14 +52,23 @@ def mnist1d_cnn(num_classes: int, length: int = 40) -> nn.Module:
     return nn.Sequential(*conv(1, 1), *conv(32, 2), *conv(32, 2), nn.Flatten(), nn.Linear(32 * out_len, num_classes))
 
 
+def mnist1d_mlp(num_classes: int, length: int = 40, hidden: int = 64) -> nn.Module:
+    """Two hidden layers and no BatchNorm: its gradient over a batch is exactly the mean of its
+    samples' gradients, so accumulating the gradients of micro-batches equals one big batch
+    (up to float rounding). With BatchNorm it cannot: each micro-batch is normalised by its
+    own mean and variance. The tests and the book use it to show that equality."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(length, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, num_classes))
+
+
 def build_model(name: str, *, num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
     """The model called ``name`` for inputs of ``input_shape`` (without the batch dimension)."""
     one_d = len(input_shape) == 2
-    if name == "mnist1d_cnn":
+    if name in ("mnist1d_cnn", "mnist1d_mlp"):
         if not one_d or input_shape[0] != 1:
-            raise GuideError(f"model mnist1d_cnn takes 1-D signals, but the data has shape {tuple(input_shape)}; "
+            raise GuideError(f"model {name} takes 1-D signals, but the data has shape {tuple(input_shape)}; "
                              "use --data mnist1d, or an image model such as small_resnet for image data")
-        return mnist1d_cnn(num_classes, input_shape[1])
+        return (mnist1d_cnn if name == "mnist1d_cnn" else mnist1d_mlp)(num_classes, input_shape[1])
     if name == "small_resnet":
         if one_d:
             raise GuideError("model small_resnet takes images, but the data is 1-D (mnist1d); "

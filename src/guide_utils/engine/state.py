@@ -17,13 +17,14 @@ from typing import Any, Callable
 from ..core.config import TrainConfig
 from ..core.errors import GuideError
 from . import checkpoint
-from .plan import RunPlan
+from .plan import RunPlan, keep_global_batch
 
 
 @dataclass
 class TrainingState:
     model: Any  # what the loop calls: wrapped by DDP, compiled with --compile
     module: Any  # the plain model (checkpoints, digests, evaluation)
+    wrapped: Any  # what the backend returned (DDP's wrapper has no_sync), before --compile
     optimizer: Any
     scheduler: Any
     scaler: Any
@@ -62,22 +63,28 @@ def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_c
 
     optimizer = make_optimizer(cfg, model.parameters(), lr=plan.peak_lr)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
-    meta = {"model": cfg.model, "data": data_name, "num_classes": num_classes,
-            "per_worker_batch": cfg.per_worker_batch, "workers": plan.workers, "optimizer": cfg.optimizer}
-    loaded = checkpoint.load_latest(Path(cfg.checkpoint_dir), expect=meta, map_location="cpu") \
+    # What must match to resume (model, data, optimizer) and what the schedule depends on:
+    # the global batch, not how it is split. Workers, per-worker batch and accumulation steps
+    # are recorded, and may change (4 workers x b resume as 2 x b x 2: the same global batch).
+    same = {"model": cfg.model, "data": data_name, "num_classes": num_classes, "optimizer": cfg.optimizer}
+    meta = {**same, "per_worker_batch": cfg.per_worker_batch, "workers": plan.workers,
+            "accumulate_steps": plan.accumulate_steps, "global_batch": plan.global_batch}
+    loaded = checkpoint.load_latest(Path(cfg.checkpoint_dir), expect=same, map_location="cpu") \
         if cfg.checkpoint_dir else None
     resume = {}
     if loaded is not None:
         st = loaded.state
         model.load_state_dict(st["model"])  # on every rank: all read the same file
-        resume = {"start_epoch": int(st["epoch"]), "start_position": int(st["position"]),
+        resume = {"start_epoch": int(st["epoch"]), "start_position": _start_position(loaded, plan),
                   "run_name": st.get("run_name") or cfg.run_name, "partial": st.get("partial"),
                   "loaded": loaded.path}
         if scaler is not None and "scaler" in st:
             scaler.load_state_dict(st["scaler"])
     _ranks_agree_on_the_checkpoint(cfg, dist, resume)
     module = model
-    model, optimizer = dist.prepare(model, optimizer, fp16_allreduce=cfg.fp16_allreduce, bucket_mb=cfg.ddp_bucket_mb)
+    model, optimizer = dist.prepare(model, optimizer, fp16_allreduce=cfg.fp16_allreduce, bucket_mb=cfg.ddp_bucket_mb,
+                                    accumulate_steps=plan.accumulate_steps)
+    wrapped = model
     scheduler = torch_scheduler(optimizer, steps_per_epoch=plan.steps_per_epoch, **plan.schedule)
     if loaded is not None:
         scheduler.load_state_dict(loaded.state["scheduler"])
@@ -85,10 +92,35 @@ def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_c
         optimizer.load_state_dict(loaded.state["optimizer"])
         checkpoint.set_rng_state(loaded.state["rng"])
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    return TrainingState(model=torch.compile(model) if cfg.compile else model, module=module,
+    return TrainingState(model=torch.compile(model) if cfg.compile else model, module=module, wrapped=wrapped,
                          optimizer=optimizer, scheduler=scheduler, scaler=scaler, memory_format=memory_format,
                          autocast=_autocast(cfg, dist.device), meta=meta,
                          **{"run_name": cfg.run_name, **resume})
+
+
+def _start_position(loaded: checkpoint.LoadedCheckpoint, plan: RunPlan) -> int:
+    """Where this rank resumes in its shard of the checkpoint's epoch, in samples.
+
+    The checkpoint must have been written for this run's global batch (else GuideError: the
+    learning rate and the schedule would not continue). Its position counts the samples of
+    its writer's shard; what carries over between worker counts is the optimizer step it
+    stopped at. Every global step is the same set of samples whatever the split, because the
+    sampler deals the epoch's permutation out to the ranks in turn: step s of W workers x b
+    x N covers positions s*G to (s+1)*G - 1 of the permutation, G = W*b*N.
+    """
+    meta = loaded.state.get("meta", {})
+    workers, batch = int(meta.get("workers", 1)), int(meta.get("per_worker_batch", plan.per_worker_batch))
+    accumulate = int(meta.get("accumulate_steps", 1))
+    written = int(meta.get("global_batch", workers * batch * accumulate))
+    if written != plan.global_batch:
+        raise GuideError(f"checkpoint {loaded.path} was written by {workers} worker(s) x {batch}"
+                         + (f" x {accumulate} accumulation steps" if accumulate > 1 else "")
+                         + f" = global batch {written}, this run has {plan.workers} x {plan.per_worker_batch}"
+                         + (f" x {plan.accumulate_steps}" if plan.accumulate_steps > 1 else "")
+                         + f" = {plan.global_batch}, so the learning rate and schedule would not continue; "
+                         + keep_global_batch(written, plan.workers, plan.per_worker_batch)
+                         + ", or use a fresh --checkpoint-dir")
+    return int(loaded.state["position"]) // (batch * accumulate) * plan.samples_per_step
 
 
 def make_optimizer(cfg: TrainConfig, params, *, lr: float):
@@ -144,5 +176,5 @@ def save(cfg: TrainConfig, dist, state: TrainingState, run_name: str | None, *, 
         snapshot["partial"] = partial
     if state.scaler is not None:
         snapshot["scaler"] = state.scaler.state_dict()
-    step = position // cfg.per_worker_batch if position else None
+    step = position // (cfg.per_worker_batch * cfg.accumulate_steps) if position else None
     checkpoint.save(Path(cfg.checkpoint_dir), snapshot, epoch=epoch, step=step, keep=cfg.keep_checkpoints)

@@ -79,6 +79,10 @@ def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
     of every batch).
     """
     cfg.validate()
+    if cfg.accumulate_steps > 1:
+        raise GuideError(f"--accumulate-steps is not implemented in the TensorFlow door; train with python -m "
+                         f"guide_utils.train, or drop it and pass --per-worker-batch "
+                         f"{cfg.per_worker_batch * cfg.accumulate_steps} if that fits (the same global batch)")
     for flag, on in PYTORCH_ONLY:
         if on(cfg):
             raise GuideError(f"{flag} applies to the PyTorch engine only; drop it for python -m guide_utils.train_tf")
