@@ -26,15 +26,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.scaling import IMAGENET_TRAIN_IMAGES
+from ..results import sources
 from .model import PARAMETERS, Network, Workload, predict
 from .published import FDR_IB
 from .solution import Overheads, time_to_solution
 
 EPOCHS = 90
 WALL_TABLES = (11, 12, 13, 14, 15)  # Table 10 (experiment 4) reports no training time
-# First batch of epoch 0, whole seconds, from the thesis's logs: (script, GPUs) -> seconds.
-FIRST_BATCH = {("horovod", 2): 9.696, ("horovod", 32): 9.950,  # Figures 12 and 13
-               ("pytorch", 2): 18.532, ("pytorch", 32): 21.925}
+# First batch of epoch 0, whole seconds, from the thesis's logs (Figures 12 and 13, kept once
+# in results.sources): (script, GPUs) -> seconds.
+FIRST_BATCH = {(name, logged["gpus"]): logged[key] for logged in sources.THESIS_FIRST_BATCH.values()
+               for name, key in (("horovod", "horovod_pytorch"), ("pytorch", "pytorch"))}
 CALIBRATION = ((12, "horovod", 16), (12, "horovod", 24))  # (table, script, GPUs) the fit uses
 NETWORK = Network.of(FDR_IB, "5us")
 
@@ -46,8 +48,6 @@ def script(framework: str) -> str:
 
 def one_gpu_rate(framework: str, per_worker_batch: int) -> tuple[float, str]:
     """One P100's images/s for the script at the batch, and where the number comes from."""
-    from ..results import sources
-
     rate = float(sources.thesis_table(3 if script(framework) == "horovod" else 2)["images_per_second"].iloc[0])
     if per_worker_batch == 128:
         return rate, "Table 3" if script(framework) == "horovod" else "Table 2"
@@ -65,8 +65,6 @@ def runs():
     """Every run of Tables 10-15 once (the 1-GPU baseline is listed in Tables 11, 12 and 14;
     it is one run), with ``table``, ``tables`` and ``wall_hours`` (NaN where not reported)."""
     import pandas as pd
-
-    from ..results import sources
 
     rows, seen = [], {}
     for n in range(10, 16):
