@@ -241,9 +241,35 @@ def pytest_runtest_logreport(report):
             _CPU[report.nodeid] = value
 
 
+# Where the wall time went: each test file's span on the worker that ran it (the CI budget is
+# set by the longest chain, not by the total).
+_SPANS: dict[tuple[str, str], list[float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    key = (getattr(worker, "id", "main"), report.nodeid.split("::", 1)[0])
+    span = _SPANS.setdefault(key, [report.start, report.stop])
+    span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+
+
+def _timeline(terminalreporter) -> None:
+    if not _SPANS:
+        return
+    zero = min(start for start, _ in _SPANS.values())
+    terminalreporter.section("timeline (s from the first test; test files of 30 s or more)")
+    if "started" in _BOOK and (_BOOK["out"] / "status").exists():
+        built = (_BOOK["out"] / "status").stat().st_mtime
+        terminalreporter.write_line(f"{'book':5} {_BOOK['started'] - zero:7.0f} {built - zero:7.0f}  the book build")
+    for (worker, path), (start, stop) in sorted(_SPANS.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+        if stop - start >= 30:
+            terminalreporter.write_line(f"{worker:5} {start - zero:7.0f} {stop - zero:7.0f}  {path}")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if "took" in _BOOK:
         terminalreporter.write_line(f"the book build (every notebook once, beside the tests): {_BOOK['took']}")
+    _timeline(terminalreporter)
     n = config.getoption("--cpu-durations")
     if not n or not _CPU:
         return

@@ -46,9 +46,10 @@ def node(tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     bin_dir = tmp_path / "bin"
-    # FAKE_HOLD_DELAY: the holder step starts late (a busy node), after the batch shell is done.
+    # FAKE_HOLD_LATE: the holder step has not started (a busy node) when the batch shell is done:
+    # the shell's USR2 ends the srun that was still waiting.
     _fake(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done\n'
-          '[[ $3 != hold || -z ${FAKE_HOLD_DELAY:-} ]] || sleep "$FAKE_HOLD_DELAY"\nexec "$@"')
+          '[[ $3 != hold || -z ${FAKE_HOLD_LATE:-} ]] || while :; do sleep 0.05; done\nexec "$@"')
     real_df = subprocess.run(["bash", "-c", "command -v df"], capture_output=True, text=True).stdout.strip()
     _fake(bin_dir, "df", f"""\
 case "$*" in
@@ -179,7 +180,7 @@ def test_a_batch_shell_ended_by_term_removes_the_copy(node):
 def test_a_holder_that_starts_after_the_batch_shell_is_done_still_gets_the_copy_removed(node):
     """A job that ends at once (here: right after staging) may send its USR2 before the
     holder listens; the holder then dies of it, and a step of its own removes the copy."""
-    out = node("true", FAKE_HOLD_DELAY="2")
+    out = node("true", FAKE_HOLD_LATE="1")
     assert out.returncode == 0, out.stderr
     assert list(node.scratch.iterdir()) == []
     assert out.stdout.splitlines()[-1] == (f"== node node1: removing the job's staged copy {node.scratch}/guide-{JOB} "
