@@ -174,8 +174,9 @@ def pytest_sessionfinish(session, exitstatus):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     status = _BOOK["out"] / "status"
-    if status.exists():  # when the book, beside the tests, was ready
-        _BOOK["took"] = f"{status.stat().st_mtime - _BOOK['started']:.0f} s, exit status {status.read_text().strip()}"
+    if status.exists():  # when the book, beside the tests, was ready (the folder goes below)
+        _BOOK["built"] = status.stat().st_mtime
+        _BOOK["took"] = f"{_BOOK['built'] - _BOOK['started']:.0f} s, exit status {status.read_text().strip()}"
     if exitstatus == 0 or proc is None:
         shutil.rmtree(_BOOK["out"], ignore_errors=True)
 
@@ -256,11 +257,13 @@ def pytest_runtest_logreport(report):
 def _timeline(terminalreporter) -> None:
     if not _SPANS:
         return
-    zero = min(start for start, _ in _SPANS.values())
-    terminalreporter.section("timeline (s from the first test; test files of 30 s or more)")
-    if "started" in _BOOK and (_BOOK["out"] / "status").exists():
-        built = (_BOOK["out"] / "status").stat().st_mtime
-        terminalreporter.write_line(f"{'book':5} {_BOOK['started'] - zero:7.0f} {built - zero:7.0f}  the book build")
+    starts = [start for start, _ in _SPANS.values()] + ([_BOOK["started"]] if "built" in _BOOK else [])
+    zero = min(starts)
+    terminalreporter.section("timeline (s from the first test or the book build's start; test files of 30 s or "
+                             "more)")
+    if "built" in _BOOK:
+        terminalreporter.write_line(f"{'book':5} {_BOOK['started'] - zero:7.0f} {_BOOK['built'] - zero:7.0f}  "
+                                    "the book build")
     for (worker, path), (start, stop) in sorted(_SPANS.items(), key=lambda kv: (kv[0][0], kv[1][0])):
         if stop - start >= 30:
             terminalreporter.write_line(f"{worker:5} {start - zero:7.0f} {stop - zero:7.0f}  {path}")
