@@ -34,6 +34,7 @@ import threading
 import time
 from pathlib import Path
 
+from guide_utils.cluster import provision
 from guide_utils.runtime.ports import free_ports
 
 NODES = ("guide-n1", "guide-n2")
@@ -99,6 +100,68 @@ def hardware_layout() -> str:
         raise SlurmUnavailable(f"this process may use {usable} of the machine's {cpus} CPUs (a restricted cpuset): "
                                "Slurm would bind test jobs to CPUs they cannot use")
     return " ".join(f"{k}={fields[k]}" for k in keys)
+
+
+def slurm_values(*, root: Path, host: str, ctld_port: int, node_ports: list[int], layout: str, socket: Path,
+                 first_job_id: int, real_memory: int = 4000, partition: str = "ci") -> dict:
+    """The slurm role's variables (ansible/roles/slurm/defaults/main.yml) for the tests'
+    two-node Slurm on loopback: every file under ``root``, both nodes on this host (Slurm's
+    multiple-slurmd mode, a port each), fake GPUs on device files under ``root/dev-NODE``."""
+    r = Path(root)
+    return {
+        "slurm_header": "The tests' Slurm (tests/slurm_cluster.py), from ansible/roles/slurm/templates",
+        "slurm_cluster_name": "guideci",
+        # Job ids of this cluster's own range: a DDP job's rendezvous port is 20000 + its id,
+        # and a test Slurm of another pytest-xdist worker may run at the same time here.
+        "slurm_first_job_id": first_job_id,
+        "slurm_controller_name": host,
+        "slurm_controller_addr": "127.0.0.1",
+        "slurm_ctld_port": ctld_port,
+        "slurm_srun_port_range": "",
+        "slurm_user": "root",
+        "slurm_slurmd_user": "root",
+        # cred_expire also sets how long a requeued job waits before it may start again
+        # (120 s by default): short here, so the requeue test takes seconds.
+        "slurm_auth_info": [f"socket={socket}", "cred_expire=10"],
+        # Listen on the address this host's name resolves to (127.0.0.1 in the daemons' hosts
+        # file), not on every interface: slurmctld, slurmd, slurmstepd and srun alike.
+        "slurm_communication_parameters": ["NoCtldInAddrAny", "NoInAddrAny"],
+        "slurm_state_dir": f"{r}/state",
+        "slurm_spool_dir": f"{r}/spool-%n",
+        "slurm_ctld_pid_file": f"{r}/slurmctld.pid",
+        "slurm_slurmd_pid_file": f"{r}/slurmd-%n.pid",
+        "slurm_log_dir": f"{r}/log",
+        "slurm_per_node_suffix": "-%n",
+        # PMIx keeps per-step files under TmpFS: one folder per node, as two nodes share this disk.
+        "slurm_tmpfs": f"{r}/tmpfs-%n",
+        "slurm_proctrack_type": "proctrack/linuxproc",
+        # Tasks are bound to the CPUs Slurm allocates them, as on a real cluster: a step that
+        # did not get --cpus-per-task really gets fewer CPUs. Each task is bound to its own
+        # share where the job asks (--cpu-bind=cores, as the Perlmutter-like profile and the
+        # per-task check's tests do); otherwise a step's tasks share its CPUs (None), so the
+        # test jobs, which share the machine's few cores, are not each pinned to one of them.
+        "slurm_task_plugin": ["task/affinity"],
+        "slurm_task_plugin_param": "None",
+        "slurm_gres_types": ["gpu"],
+        "slurm_gres_autodetect": "off",
+        # CPUs (hardware threads) are the unit, so a machine with SMT still fits two tasks per core.
+        "slurm_select_type_parameters": "CR_CPU",
+        "slurm_mpi_default": "none",
+        # Look at pending jobs every few seconds (defaults: 60 s and 30 s): a requeued job is
+        # eligible again after cred_expire, then waits for the next scheduling pass.
+        "slurm_scheduler_parameters": ["sched_interval=2", "bf_interval=2"],
+        "slurm_min_job_age": 3600,
+        "slurm_kill_wait": 10,
+        "slurm_extra_config": [],
+        "slurm_cgroup_plugin": "autodetect",
+        "slurm_nodes": [
+            {"name": n, "hostname": host, "addr": "127.0.0.1", "port": p, "hardware": layout,
+             "real_memory": real_memory, "gpus": GPUS_PER_NODE, "gpu_type": "",
+             "gpu_files": f"{r}/dev-{n}/nvidia[0-{GPUS_PER_NODE - 1}]"}
+            for n, p in zip(NODES, node_ports)],
+        "slurm_partitions": [{"name": partition, "nodes": list(NODES), "default": True, "max_time": "INFINITE",
+                              "oversubscribe": f"FORCE:{OVERSUBSCRIBE}"}],
+    }
 
 
 def _tcp_listeners() -> dict[int, tuple[str, int]]:
@@ -203,61 +266,12 @@ class SlurmCluster:
         ctld_port, *node_ports = free_ports(1 + len(NODES))
         host = socket.gethostname().split(".")[0]
         layout = hardware_layout()
-        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} {layout} RealMemory=4000 "
-                          f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n, p in zip(NODES, node_ports))
-        self.conf.write_text(f"""\
-ClusterName=guideci
-# Job ids of this cluster's own range: a DDP job's rendezvous port is 20000 + its id, and a
-# test Slurm of another pytest-xdist worker may run at the same time on this host.
-FirstJobId={first_job_id()}
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-# cred_expire also sets how long a requeued job waits before it may start again (120 s by
-# default): short here, so the requeue test takes seconds, not minutes.
-AuthInfo=socket={sock},cred_expire=10
-CredType=cred/munge
-# Listen on the address this host's name resolves to (127.0.0.1 in the daemons' hosts
-# file), not on every interface: slurmctld, slurmd, slurmstepd and srun alike.
-CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
-StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool-%n
-SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd-%n.pid
-SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd-%n.log
-# PMIx keeps per-step files under TmpFS: one folder per node, as two nodes share this disk.
-TmpFS={r}/tmpfs-%n
-ProctrackType=proctrack/linuxproc
-# Tasks are bound to the CPUs Slurm allocates them (sched_setaffinity), as on a real
-# cluster: a step that did not get --cpus-per-task really gets fewer CPUs. Each task is
-# bound to its own share where the job asks (--cpu-bind=cores, as sites' profiles do: the
-# Perlmutter-like one, the tests of the per-task check); otherwise the tasks of a step share
-# its CPUs (TaskPluginParam=None), so that the tasks of the test jobs, which share the
-# machine's few cores, are not each pinned to one of them.
-TaskPlugin=task/affinity
-TaskPluginParam=None
-GresTypes=gpu
-SelectType=select/cons_tres
-# CPUs (hardware threads) are the unit, so a machine with SMT still fits two tasks per core.
-SelectTypeParameters=CR_CPU
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-# Look at pending jobs every few seconds (defaults: 60 s and 30 s): a requeued job is
-# eligible again after cred_expire, then waits for the next scheduling pass.
-SchedulerParameters=sched_interval=2,bf_interval=2
-JobRequeue=1
-MinJobAge=3600
-KillWait=10
-InactiveLimit=0
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-{nodes}
-PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:{OVERSUBSCRIBE}
-""")
+        values = slurm_values(root=r, host=host, ctld_port=ctld_port, node_ports=node_ports, layout=layout,
+                              socket=sock, first_job_id=first_job_id())
+        # slurm.conf and gres.conf come from the Ansible role's templates: the tests run the
+        # configuration the playbook installs (ansible/roles/slurm, guide_utils.cluster.provision).
+        self.conf.write_text(provision.render("slurm.conf", values))
+        (r / "gres.conf").write_text(provision.render("gres.conf", values))
         self._fake_gpus()
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)], "slurmctld")
         for n in NODES:
@@ -269,9 +283,8 @@ PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP O
         return self
 
     def _fake_gpus(self) -> None:
-        """gres.conf: GPUs from character-device files of the NVIDIA driver's major number
-        in this cluster's folder (slurmd refuses regular files); nothing opens them."""
-        lines = ["AutoDetect=off"]
+        """The fake GPUs gres.conf lists: character-device files of the NVIDIA driver's major
+        number in this cluster's folder (slurmd refuses regular files); nothing opens them."""
         for n in NODES:
             d = self.root / f"dev-{n}"
             d.mkdir(exist_ok=True)
@@ -279,8 +292,6 @@ PartitionName=ci Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP O
                 f = d / f"nvidia{i}"
                 if not f.exists():
                     os.mknod(f, 0o600 | stat.S_IFCHR, os.makedev(195, i))
-            lines.append(f"NodeName={n} Name=gpu File={d}/nvidia[0-{GPUS_PER_NODE - 1}]")
-        (self.root / "gres.conf").write_text("\n".join(lines) + "\n")
 
     def stop(self) -> None:
         self._sampling.set()
