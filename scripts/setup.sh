@@ -107,7 +107,16 @@ horovod_ok() {
     done
 }
 
-if horovod_ok; then
+# The check imports torch and TensorFlow (~20 s): a set-up that changes nothing skips it when
+# neither the pinned packages nor the installed Horovod changed since it last passed.
+checked="$VENV/.horovod-checked"
+horovod_key() {
+    { cat "$stamp"; echo "$HOROVOD_VERSION ${want_frameworks[*]}"
+      cat "$VENV"/lib/python3*/site-packages/horovod-*.dist-info/RECORD 2>/dev/null; } | sha256sum | cut -d' ' -f1
+}
+if [[ -f "$checked" && $(cat "$checked") == "$(horovod_key)" ]]; then
+    say "Horovod $HOROVOD_VERSION already built with ${want_frameworks[*]} (checked at an earlier set-up)"
+elif horovod_ok; then
     say "Horovod $HOROVOD_VERSION already built with ${want_frameworks[*]}"
 else
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -159,6 +168,7 @@ else
         say "Horovod $HOROVOD_VERSION built; log: $log"
     fi
 fi
+horovod_key >"$checked"
 
 # --- JupyterHub's proxy ---------------------------------------------------------------
 # configurable-http-proxy (npm) into the venv: its bin/ beside jupyterhub, which finds it on
