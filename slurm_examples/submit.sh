@@ -97,7 +97,13 @@ gpu=$(guide_gpu_option "$tasks")  # one GPU per task actually run on a node
 opts+=(${GUIDE_SBATCH_EXTRA[@]+"${GUIDE_SBATCH_EXTRA[@]}"})
 
 log_dir=${GUIDE_LOG_DIR:-$GUIDE_ROOT/logs}
-if grep -q '^#SBATCH[[:space:]]\{1,\}--array' "$script"; then
+# A job array (the script's #SBATCH --array, or --array=... given here): one log per task.
+array=0
+grep -q '^#SBATCH[[:space:]]\{1,\}--array' "$script" && array=1
+for opt in ${sbatch_opts[@]+"${sbatch_opts[@]}"}; do
+    case $opt in --array | --array=* | -a*) array=1 ;; esac
+done
+if ((array)); then
     opts+=(--output="$log_dir/%x-%A_%a.out")
 else
     opts+=(--output="$log_dir/%x-%j.out")

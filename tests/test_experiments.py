@@ -114,7 +114,7 @@ def test_running_a_smoke_experiment_writes_one_record_per_run(tmp_path):
     assert by_batch == pytest.approx({768: 1.2, 1024: 1.6})
 
 
-@pytest.mark.parametrize("name, profile", [("exp2", "smoke"), ("exp6", "smoke"), ("exp9", "full")])
+@pytest.mark.parametrize("name, profile", [("exp2", "smoke"), ("exp6", "smoke"), ("exp9", "full"), ("slices", "full")])
 def test_the_compact_plan_is_one_short_line_per_run(name, profile, capsys):
     """What a notebook shows: no commands, no paths, lines that fit a book's column."""
     from guide_utils.studies.experiments import print_plan

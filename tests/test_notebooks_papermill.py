@@ -45,6 +45,10 @@ EXPECTED = {
     "17_next_steps": ["32 worker(s) x 128 = global batch 4096\n", "16 worker(s) x 128 x 2 accumulation steps = "
                       "global batch 4096\n    peak lr 1.6 (linear rule), warmup gradual 5 epochs; 312 optimizer steps",
                       "nothing trained"],
+    # the SLICES slides' grid at a playbook-built site: 10 one-GPU nodes, and ten 1-GPU jobs as an array
+    "18_bring_your_own_cluster": ["Benchmark parameters; profile full, 33 run(s)",
+                                  "03_multi_node_horovod.sbatch --workers=10 -- ",
+                                  "01_single_gpu_baseline.sbatch --array=0-9 -- "],
 }
 
 

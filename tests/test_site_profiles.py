@@ -296,3 +296,47 @@ def test_a_stalled_horovod_job_ends_instead_of_idling(site):
     values = profile_values(site, "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
     (check,), (shutdown,) = values["HOROVOD_STALL_CHECK_TIME_SECONDS"], values["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]
     assert 0 < int(check) < int(shutdown), values
+
+
+# -- The profile of a cluster the guide's playbook built (ansible/, book chapter 18) ---------
+
+def _ansible_value(path: str, name: str, **context):
+    """A variable of the playbook's YAML, its Jinja2 rendered with ``context`` (plain
+    variables only, as the playbook's defaults use)."""
+    import jinja2
+    import yaml
+
+    value = yaml.safe_load((REPO / "ansible" / path).read_text())[name]
+    return jinja2.Template(value).render(**context) if isinstance(value, str) else value
+
+
+def test_the_byoc_profile_matches_what_the_playbook_installs():
+    """Partition, venv, srun's MPI plugin, GPUs per node and the network: the values of the
+    playbook's defaults and of the slices-testbed inventory, so a change there fails here."""
+    import yaml
+
+    share = _ansible_value("group_vars/all.yml", "guide_share")
+    root = _ansible_value("group_vars/all.yml", "guide_root", guide_share=share)
+    testbed = yaml.safe_load((REPO / "ansible/inventories/slices-testbed/group_vars/cluster.yml").read_text())
+    hosts = yaml.safe_load((REPO / "ansible/inventories/slices-testbed/hosts.yml").read_text())
+    compute = hosts["all"]["children"]["cluster"]["children"]["slurm_compute"]["vars"]
+    v = profile_values("byoc", "GUIDE_PARTITION", "GUIDE_VENV", "GUIDE_SRUN_MPI", "GUIDE_TASKS_PER_NODE",
+                       "GUIDE_GPU_REQUEST", "GUIDE_SCRATCH", "GUIDE_SOFTWARE", "GUIDE_NETWORK")
+    assert v["GUIDE_PARTITION"] == [_ansible_value("roles/slurm/defaults/main.yml", "slurm_partition_name")]
+    assert v["GUIDE_PARTITION"] == [testbed["slurm_partition_name"]]
+    assert v["GUIDE_VENV"] == [_ansible_value("group_vars/all.yml", "guide_venv", guide_root=root)]
+    assert v["GUIDE_SRUN_MPI"] == [_ansible_value("roles/slurm/defaults/main.yml", "slurm_mpi_default")]
+    assert v["GUIDE_TASKS_PER_NODE"] == [str(compute["gpus"])]
+    assert v["GUIDE_NETWORK"] == [f"{testbed['guide_network_gbit']}Gbit/s"]
+    assert v["GUIDE_SCRATCH"] == [""] and v["GUIDE_SOFTWARE"] == ["venv"]  # the node's disk, not the share
+    assert v["GUIDE_GPU_REQUEST"] == ["--gpus-per-node=%d"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_every_example_submits_at_a_playbook_built_site(script):
+    opts = sbatch_options("byoc", script)
+    nodes, tasks = layout(opts, script)
+    own = re.findall(r"^#SBATCH --ntasks-per-node=(\d+)", script.read_text(), re.M)
+    assert tasks == int((own or [1])[0]) and nodes >= 1
+    assert "--partition=gpu" in opts and gpu_options(opts) == [f"--gpus-per-node={tasks}"], opts
+    assert not any(o.startswith("--account") for o in opts)

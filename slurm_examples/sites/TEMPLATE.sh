@@ -45,6 +45,10 @@ GUIDE_SRUN_ARGS=()          # optional (an array): more options for every srun t
                             # ("--cpu-bind=mask_cpu:..."); not used for one-task-per-node steps
 GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0), (--constraint=gpu)
 GUIDE_DOCTOR=full           # optional: full (default) checks the frameworks in every job; quick: the Slurm job only
+# optional: the network between the nodes, as sold ("10Gbit/s", "100Gbit/s"): every run record
+# keeps it (environment.network), so runs on two networks can be told apart. Exported, so
+# that the training processes see it; a value given at submission wins.
+export GUIDE_NETWORK=${GUIDE_NETWORK:-}
 # Environment the site needs, as plain export lines (optional): network interfaces and
 # transport settings of NCCL/RCCL and libfabric, Horovod's stall timeouts, a PYTHONUSERBASE.
 # OMP_NUM_THREADS is set by the jobs to GUIDE_CPUS_PER_TASK unless exported here, and every

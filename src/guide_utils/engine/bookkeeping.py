@@ -39,11 +39,18 @@ def weights_digest(named_arrays: Iterable[tuple[str, Any]]) -> str:
 
 
 def environment(dist_kind: str, workers: int, **framework: Any) -> dict[str, Any]:
-    """The facts recorded with every run: where it ran, with what, and in which Slurm job."""
+    """The facts recorded with every run: where it ran, with what, and in which Slurm job.
+
+    ``network`` is what the site profile says of the network between the nodes
+    (``GUIDE_NETWORK``, e.g. ``10Gbit/s``; None where it says nothing): no process can measure
+    the link it was given, and runs on two networks (the SLICES benchmark's 1 and 10 Gbit/s)
+    are otherwise the same runs."""
+    import os
+
     from ..runtime.slurm import SlurmJob
 
     env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(), **framework,
-                           "dist": dist_kind, "workers": workers}
+                           "dist": dist_kind, "workers": workers, "network": os.environ.get("GUIDE_NETWORK") or None}
     if dist_kind == "horovod":
         import horovod
 

@@ -1,4 +1,5 @@
-"""The thesis's nine experiments as named, parameterised runs, at two scales.
+"""The thesis's nine experiments, and the SLICES slides' benchmark, as named, parameterised
+runs at two scales.
 
 ``python -m guide_utils experiments list|run NAME --profile smoke|full [--index I] [--dry-run]``
 
@@ -14,6 +15,15 @@ whole global batch instead of each worker's share (chapter 4 shows both ways agr
 
 Throughput experiments (1-3) measure images/s on synthetic data for a few hundred
 iterations (the thesis's ``--num_batches=200``); quality experiments (4-9) train to the end.
+
+``slices`` is the benchmark of the SLICES slides ("Benchmark parameters"): per-worker batch
+32, 64 and 96 on 1 to 10 nodes of one GPU each, on a 1 and a 10 Gbit/s network, and ten
+separate one-GPU jobs against one job of ten GPUs. The slides name ImageNet but no model;
+the guide's ResNet-50 stands in. The network is not a setting of a run: the site profile
+exports ``GUIDE_NETWORK`` (e.g. ``10Gbit/s``, ``slurm_examples/sites/byoc.sh``) and every run
+record keeps it in its environment, so runs on the two networks can be told apart. A run
+with ``copies`` > 1 is that many independent one-worker jobs (a job array), none talking to
+another: the no-communication limit the ten-GPU job is measured against.
 
 ``run`` trains an experiment's runs as one :class:`~guide_utils.studies.study.Study`, the way
 the sweep and the large-batch study train theirs, but in this process: a multi-worker run's
@@ -63,16 +73,18 @@ class PlannedRun:
     label: str
     workers: int
     settings: dict[str, Any] = field(default_factory=dict)
+    copies: int = 1  # independent copies of the run, each its own job (a job array); 1: one run
 
 
 @dataclass(frozen=True)
 class Experiment:
     name: str
     title: str
-    source: str  # where in the thesis
+    source: str  # where in the source document (the thesis, the SLICES slides)
     kind: str  # "throughput" or "quality"
     grid: tuple[dict[str, Any], ...]  # per run: workers, per_worker_batch, dist, lr_scaling, warmup, warmup_epochs
     single_node: bool = False  # every multi-worker run on one node (launched by 02, not 03)
+    note: str = ""  # what the plan must say besides the runs (printed with --dry-run)
 
 
 def _quality_run(workers, lr_scaling="linear", warmup="none", warmup_epochs=5, per_worker_batch=128, **extra):
@@ -81,9 +93,22 @@ def _quality_run(workers, lr_scaling="linear", warmup="none", warmup_epochs=5, p
             "warmup_epochs": warmup_epochs, "dist": "none" if workers == 1 else "horovod", **extra}
 
 
-def _throughput_run(workers, per_worker_batch, dist="horovod"):
-    """A throughput run of the thesis: a few hundred iterations on synthetic data."""
-    return {"workers": workers, "per_worker_batch": per_worker_batch, "dist": "none" if workers == 1 else dist}
+def _throughput_run(workers, per_worker_batch, dist="horovod", copies=1):
+    """A throughput run: a few hundred iterations on synthetic data (``copies``: that many
+    separate one-worker jobs)."""
+    if copies > 1 and workers != 1:
+        raise GuideError(f"copies are separate one-worker jobs; {copies} copies of {workers} workers is not one")
+    run = {"workers": workers, "per_worker_batch": per_worker_batch, "dist": "none" if workers == 1 else dist}
+    return {**run, "copies": copies} if copies > 1 else run
+
+
+# The SLICES slides' benchmark: batch 32, 64, 96 on 1-10 nodes (one GPU each on the testbed,
+# GUIDE_TASKS_PER_NODE=1), then, per batch, ten one-GPU jobs (the slides' "10 jobs with 1 GPU
+# each"), against the 10-node run of the same batch ("1 job with 10 GPUs").
+SLICES_BATCHES = (32, 64, 96)
+SLICES_NODES = tuple(range(1, 11))
+SLICES_NOTE = ("the network is not a run setting: run the grid once per network, with GUIDE_NETWORK "
+               "(e.g. 1Gbit/s, 10Gbit/s) in the site profile; each record keeps it")
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
@@ -110,6 +135,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                (_quality_run(1),) + tuple(_quality_run(w, warmup="gradual") for w in (16, 24, 32))),
     Experiment("exp9", "Quality: linear scaling + 10-epoch gradual warmup", "thesis 5.9, Table 15", "quality",
                tuple(_quality_run(w, warmup="gradual", warmup_epochs=10) for w in (24, 32))),
+    Experiment("slices", "Throughput: 1-10 nodes at 1 vs 10 GbE, and ten 1-GPU jobs (SLICES testbed)",
+               "SLICES slides, Benchmark parameters", "throughput",
+               tuple(_throughput_run(n, b) for n in SLICES_NODES for b in SLICES_BATCHES)
+               + tuple(_throughput_run(1, b, copies=len(SLICES_NODES)) for b in SLICES_BATCHES),
+               note=SLICES_NOTE),
 ]}
 
 
@@ -125,9 +155,12 @@ def runs(name: str, profile: str) -> list[PlannedRun]:
     for point in exp.grid:
         point = dict(point)
         workers = point.pop("workers")
+        copies = point.pop("copies", 1)
         if exp.kind == "throughput":
             base = FULL_THROUGHPUT if profile == "full" else SMOKE_THROUGHPUT
             label = f"{workers} worker(s) x {point['per_worker_batch']} ({point['dist']})"
+            if copies > 1:
+                label = f"{copies} separate jobs of " + label
         else:
             base = {} if profile == "full" else SMOKE_QUALITY
             warm = f", {point['warmup']} warmup {point['warmup_epochs']} ep" if point["warmup"] != "none" else ""
@@ -151,9 +184,12 @@ def runs(name: str, profile: str) -> list[PlannedRun]:
                 if workers > 2:  # a laptop runs at most two processes
                     label += " -> smoke: 2 workers"
                     workers = 2
+                if copies > 2:
+                    label += " -> smoke: 2 copies"
+                    copies = 2
                 if workers == 1:
                     settings["dist"] = "none"
-        out.append(PlannedRun(label, workers, settings))
+        out.append(PlannedRun(label, workers, settings, copies))
     return out
 
 
@@ -163,10 +199,13 @@ def launch_command(name: str, run: PlannedRun, profile: str, index: int) -> str:
     A multi-worker cluster run asks ``submit.sh`` for ``--workers=N``: the site profile
     knows the GPUs per node (4 on the thesis's nodes, 8 on many newer ones) and turns N
     into ``--nodes`` and ``--ntasks-per-node``, so the global batch, and with it the
-    learning rate, is the thesis's at every site.
+    learning rate, is the thesis's at every site. A run of several copies is a job array of
+    one-GPU jobs (``--array=0-C``), on a laptop that many processes at once.
     """
     if profile == "smoke":
         train = "python -m guide_utils.train --profile smoke " + " ".join(_flags(run, keep_dist=True))
+        if run.copies > 1:
+            return f"for copy in $(seq {run.copies}); do {train} & done; wait"
         if run.workers == 1:
             return train
         if run.settings["dist"] == "ddp":
@@ -174,7 +213,9 @@ def launch_command(name: str, run: PlannedRun, profile: str, index: int) -> str:
                                  "-m guide_utils.train", 1)
         return f"horovodrun -np {run.workers} --gloo {train}"
     if run.workers == 1:
-        return "slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch -- " + " ".join(_flags(run))
+        array = f"--array=0-{run.copies - 1} " if run.copies > 1 else ""
+        return (f"slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch {array}-- "
+                + " ".join(_flags(run)))
     ddp = run.settings["dist"] == "ddp"
     if EXPERIMENTS[name].single_node:
         env, script = "DIST=ddp " if ddp else "", "02_single_node_data_parallel"
@@ -218,9 +259,10 @@ def describe(run: PlannedRun, profile: str) -> str:
     lr = scaled_lr(cfg.base_lr, cfg.base_batch, gbatch, rule=cfg.lr_scaling)
     warm = f"{cfg.warmup} warmup {cfg.warmup_epochs} epochs" if cfg.warmup != "none" else "no warmup"
     steps = f", {cfg.max_steps_per_epoch} steps" if cfg.max_steps_per_epoch else ""
+    copies = f"; {run.copies} independent copies" if run.copies > 1 else ""
     return (f"{cfg.model} on {cfg.data or SITE_DATA}; {run.workers} worker(s) x {cfg.per_worker_batch} = "
             f"global batch {gbatch}; "
-            f"lr {lr:g} ({cfg.lr_scaling} rule), {warm}; {cfg.epochs} epoch(s){steps}")
+            f"lr {lr:g} ({cfg.lr_scaling} rule), {warm}; {cfg.epochs} epoch(s){steps}{copies}")
 
 
 def print_plan(name: str, profile: str, index: int | None = None, *, commands: bool = True) -> None:
@@ -232,6 +274,8 @@ def print_plan(name: str, profile: str, index: int | None = None, *, commands: b
         print("\n".join(plan_table(name, profile, chosen)))
         return
     print(f"{name}: {exp.title} [{exp.source}], profile {profile}, {len(chosen)} run(s)")
+    if exp.note:
+        print(f"note: {exp.note}")
     for i, run, command in chosen:
         print(f"[{i}] {run.label}\n    {describe(run, profile)}\n    $ {command}")
 
@@ -247,12 +291,15 @@ def plan_table(name: str, profile: str, chosen: list[tuple[int, PlannedRun, str]
     quality = exp.kind == "quality"
     out = [f"{name}: {exp.title}", f"  {exp.source}; profile {profile}, {len(chosen)} run(s)",
            f"  each run: {first.model} on {first.data or SITE_DATA}, {first.epochs} epoch(s){steps}",
-           f"  {'run':<5}{'thesis':<15}{'here':<18}{'global batch':>12}"
+           f"  {'run':<5}{'source':<15}{'here':<18}{'global batch':>12}"
            + (f"  {'lr (rule)':<16}warmup" if quality else "")]
     for i, run, _ in chosen:
-        cfg, thesis = cfgs[i], full[i]
-        gpus = f"{thesis.workers} GPU x {thesis.settings['per_worker_batch']}"
+        cfg, source = cfgs[i], full[i]
+        gpus = f"{source.workers} GPU x {source.settings['per_worker_batch']}"
         here = f"{run.workers} x {cfg.per_worker_batch}" + (f" {cfg.dist}" if run.workers > 1 else "")
+        if source.copies > 1:
+            gpus = f"{source.copies}x " + gpus  # "10x 1 GPU x 32": ten separate jobs
+            here = f"{run.copies}x " + here
         gbatch = run.workers * cfg.per_worker_batch
         row = f"  {f'[{i}]':<5}{gpus:<15}{here:<18}{gbatch:>12}"
         if quality:
@@ -290,6 +337,8 @@ class ExperimentRun:
         settings["run_name"] = overrides.get("run_name") or f"{self.name}-{self.profile}-run{self.index}"
         cfg = make_config("smoke" if self.profile == "smoke" else "full", **settings)
         cfg.extra = {"experiment": self.name, "run_index": self.index, "label": self.run.label}
+        if self.run.copies > 1:
+            cfg.extra["copies"] = self.run.copies
         return cfg
 
 
@@ -345,7 +394,9 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
     from ..runtime import launch as _launch
     from ..core.records import read_runs
 
-    [(i, run, _)] = plan(name, profile, index)
+    [(i, run, command)] = plan(name, profile, index)
+    if run.copies > 1:
+        raise GuideError(f"{name} run {i} is {run.copies} separate jobs, not one launch; start them as: {command}")
     if run.workers == 1:  # no progress bar in a notebook
         return execute(name, profile, index, results_dir=results_dir, progress=False, quiet=quiet)["record"].iloc[0]
     launcher = launcher or ("torchrun" if run.settings["dist"] == "ddp" else "horovodrun")
@@ -367,7 +418,7 @@ def build_parser() -> ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the experiments and their runs")
     r = sub.add_parser("run", help="run an experiment (or one of its runs with --index)")
-    r.add_argument("name", help="exp1 ... exp9")
+    r.add_argument("name", help="exp1 ... exp9, slices")
     r.add_argument("--profile", choices=["smoke", "full"], default="smoke")
     r.add_argument("--index", type=int, help="only this run (0-based; for job arrays: $SLURM_ARRAY_TASK_ID)")
     r.add_argument("--dry-run", action="store_true", help="print the runs and how to start each; run nothing")
