@@ -44,16 +44,18 @@ def _tool(name: str) -> Path:
 
 def test_every_inventory_passes_the_syntax_check():
     for inventory in INVENTORIES:
-        out = subprocess.run([str(_tool("ansible-playbook")), "--syntax-check", "-i", f"inventories/{inventory}/hosts.yml",
-                              "site.yml"], cwd=ANSIBLE, capture_output=True, text=True,
+        out = subprocess.run([str(_tool("ansible-playbook")), "--syntax-check", "-i",
+                              f"inventories/{inventory}/hosts.yml", "site.yml"],
+                             cwd=ANSIBLE, capture_output=True, text=True,
                              env={**os.environ, "GUIDE_TEST_ROOT": "/nonexistent"})
         assert out.returncode == 0, f"{inventory}: {out.stdout}{out.stderr}"
     assert {"one-node", "head-gpu-nodes", "slices-testbed", "test-local"} <= set(INVENTORIES)
 
 
 def test_ansible_lint_production_profile_passes():
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / "ansible-lint"
     out = subprocess.run([str(_tool("ansible-lint")), "--nocolor"], cwd=ANSIBLE, capture_output=True, text=True,
-                         env={**os.environ, "ANSIBLE_HOME": str(Path(os.environ.get("TMPDIR", "/tmp")) / "ansible-lint")})
+                         env={**os.environ, "ANSIBLE_HOME": str(home)})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Passed" in out.stdout + out.stderr, out.stdout + out.stderr
 
@@ -107,7 +109,8 @@ class Sandbox:
         ready = root / "sandbox-ready"
         self.holder = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--mount", "--propagation", "private", "--",
-             "sh", "-c", f'ip link set lo up && {VETH} && mount --bind "$1" /etc/hosts && : >"$2" && exec sleep infinity',
+             "sh", "-c",
+             f'ip link set lo up && {VETH} && mount --bind "$1" /etc/hosts && : >"$2" && exec sleep infinity',
              "sh", str(hosts), str(ready)], start_new_session=True)
         deadline = time.monotonic() + 20
         while not ready.exists():
