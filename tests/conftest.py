@@ -236,10 +236,6 @@ def pytest_runtest_makereport(item, call):
         outcome.get_result().user_properties.append(("cpu_seconds", _cpu_seconds() - _STARTED.pop(item.nodeid)))
 
 
-def pytest_runtest_logreport(report):
-    for name, value in report.user_properties:
-        if name == "cpu_seconds":
-            _CPU[report.nodeid] = value
 
 
 # Where the wall time went: each test file's span on the worker that ran it (the CI budget is
@@ -248,6 +244,11 @@ _SPANS: dict[tuple[str, str], list[float]] = {}
 
 
 def pytest_runtest_logreport(report):
+    # One hook for both records: a second function of the same name in this module would
+    # replace the first (the CPU table was empty for that reason).
+    for name, value in report.user_properties:
+        if name == "cpu_seconds":
+            _CPU[report.nodeid] = value
     worker = getattr(getattr(report, "node", None), "gateway", None)
     key = (getattr(worker, "id", "main"), report.nodeid.split("::", 1)[0])
     span = _SPANS.setdefault(key, [report.start, report.stop])
