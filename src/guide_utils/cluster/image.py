@@ -252,14 +252,18 @@ def build(root: Path | None = None, say: Callable[[str], None] = print, log_dir:
     it was reused, and the seconds the two builds took."""
     root = root or repo_root()
     podman()  # "not found" as it is, not as a reason it cannot run
+    begun = time.monotonic()
+    had_base = exists(BASE)
     reason = can_run()
     if reason:
         raise GuideError(f"podman cannot run containers here: {reason}")
     wheel = horovod_wheel()
     env_tag, tag = tags(root, wheel, image_id(BASE))
-    result = {"tag": tag, "env_tag": env_tag, "reused": True, "env_seconds": 0.0, "seconds": 0.0}
+    result = {"tag": tag, "env_tag": env_tag, "reused": True, "seconds": 0.0, "env_seconds": 0.0,
+              "base_seconds": 0.0 if had_base else round(time.monotonic() - begun, 1)}
     if exists(tag):
         say(f"reusing {tag} (built earlier from the same lock, Containerfile, Horovod wheel and src/)")
+        result["wall_seconds"] = round(time.monotonic() - begun, 1)
         return result
     result["reused"] = False
     log_dir = log_dir or Path(tempfile.gettempdir())
@@ -281,7 +285,8 @@ def build(root: Path | None = None, say: Callable[[str], None] = print, log_dir:
                log_dir / "guide-image-build.log")
         result["seconds"] = round(time.monotonic() - start, 1)
     _untag_others(tag, env_tag)
-    say(f"built {tag} ({image_size(tag) / 1e9:.2f} GB)")
+    result["wall_seconds"] = round(time.monotonic() - begun, 1)
+    say(f"built {tag} ({image_size(tag) / 1e9:.2f} GB) in {time.monotonic() - begun:.0f} s")
     return result
 
 
@@ -327,16 +332,48 @@ def save(tag: str, out: Path) -> Path:
     return out
 
 
+RECORDED = ("results", "recorded", "container_image.jsonl")
+
+
+def recorded() -> dict:
+    """What was measured on the guide's CI machine (``smoke --record`` and ``save --record``
+    into ``results/recorded/container_image.jsonl``): ``first`` (a build from an empty podman
+    store, and one smoke epoch), ``again`` (the same inputs reused) and ``saved`` (the
+    docker-archive)."""
+    from ..core.paths import packaged
+    rows = [json.loads(line) for line in packaged(*RECORDED).read_text().splitlines() if line.strip()]
+    builds = [r for r in rows if "build" in r]
+    return {"first": next(r for r in builds if not r["build"]["reused"] and r["build"]["base_seconds"]),
+            "again": next(r for r in builds if r["build"]["reused"]),
+            "saved": next(r for r in rows if "save" in r)}
+
+
 def parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="action", required=True)
     sub.add_parser("build", help="build the image, or reuse the one built from the same inputs")
     s = sub.add_parser("smoke", help="build or reuse, then train one smoke epoch inside the image")
     s.add_argument("--results-dir", default=None, help="where the run's record goes (default: a temporary folder)")
-    s.add_argument("--record", default=None, help="also write what was measured as one JSON line to this file")
+    s.add_argument("--record", default=None, help="also append what was measured to this file, as one JSON line")
     v = sub.add_parser("save", help="build or reuse, then write the image as a docker-archive (for Apptainer)")
     v.add_argument("output", help="the archive to write, e.g. guide.tar")
+    v.add_argument("--record", default=None,
+                   help="also append its size and the time it took to this file, as one JSON line")
     return p
+
+
+def _commit() -> str:
+    """The repository's commit (12 digits), with a note when the work tree has changes."""
+    git = ["git", "-C", str(repo_root())]
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def _append(path: Path, line: dict) -> None:
+    """One JSON line more in ``path``, with the date."""
+    with path.open("a") as f:
+        f.write(json.dumps({"date": time.strftime("%Y-%m-%d"), **line}) + "\n")
 
 
 def say(line: str) -> None:
@@ -352,14 +389,22 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="guide-image-smoke-") as tmp:
             measured = smoke(built["tag"], Path(args.results_dir or tmp))
         say(f"one smoke epoch inside {built['tag']}: {measured['epochs']} epoch, val top-1 error "
-            f"{measured.get('val_top1_err')}%, {measured['wall_seconds']} s in all")
+            f"{measured['val_top1_err']:.1f}%, {measured['wall_seconds']} s in all")
         if args.record:
-            line = {"image": built["tag"], "size_bytes": image_size(built["tag"]), "build": built,
+            from ..results.plots import hardware_label
+            line = {"machine": hardware_label(), "image": built["tag"], "size_bytes": image_size(built["tag"]),
+                    "build": built,
                     "smoke": {k: v for k, v in measured.items() if k != "record"},
-                    "podman": _podman("--version").stdout.strip()}
-            Path(args.record).write_text(json.dumps(line) + "\n")
+                    "podman": _podman("--version").stdout.strip(),
+                    "load_average_15min": round(os.getloadavg()[2], 1),  # other work on the machine
+                    "commit": _commit()}
+            _append(Path(args.record), line)
     elif args.action == "save":
+        start = time.monotonic()
         out = save(built["tag"], Path(args.output))
+        if args.record:
+            _append(Path(args.record), {"image": built["tag"], "save": {
+                "seconds": round(time.monotonic() - start, 1), "bytes": out.stat().st_size}})
         say(f"wrote {out} ({out.stat().st_size / 1e9:.2f} GB); where Apptainer runs: "
             f"apptainer build guide.sif docker-archive://{out.name}")
     return 0
