@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,28 @@ def test_the_recorded_measurement_says_where_and_from_what_it_was_made():
         assert known.returncode == 0, f"commit {commit} is not in this repository's history"
 
 
+def test_a_new_pin_the_image_does_not_install_keeps_its_tag(tmp_path):
+    """The image's tag hashes the lock's pins of what it installs, not the whole lock: a new
+    ruff pin (a test tool) keeps the image, a new numpy pin rebuilds it."""
+    def env_tag(lock: str) -> str:
+        root = Path(tempfile.mkdtemp(dir=tmp_path))
+        (root / "containers").mkdir()
+        (root / "src").mkdir()
+        for rel in img.CONTEXT_FILES:
+            shutil.copy(REPO / rel, root / rel)
+        (root / "requirements.lock").write_text(lock)
+        return img.tags(root, wheel, "base")[0]
+
+    wheel = tmp_path / "horovod.whl"
+    wheel.write_text("")
+    lock = (REPO / "requirements.lock").read_text()
+    ruff, numpy = img.pins(REPO / "requirements.lock")["ruff"], img.pins(REPO / "requirements.lock")["numpy"]
+    if img.runtime_pins(REPO) is None:
+        pytest.skip("this venv lacks a package of containers/requirements-runtime.txt: the tag hashes the whole lock")
+    assert env_tag(lock) == env_tag(lock.replace(f"ruff=={ruff}", "ruff==0.0.1"))
+    assert env_tag(lock) != env_tag(lock.replace(f"numpy=={numpy}", "numpy==1.0.0"))
+
+
 @pytest.fixture(scope="module")
 def image() -> str:
     if shutil.which("podman") is None:
@@ -120,6 +143,9 @@ def test_the_image_trains_one_smoke_epoch_and_carries_only_what_training_needs(i
     assert dists.pop("horovod") == "0.28.1"  # the wheel scripts/setup.sh built for the venv
     assert {n: v for n, v in dists.items() if lock.get(n) != v} == {}
     assert img.pins(RUNTIME).keys() <= dists.keys()
+    # exactly what the image's tag hashes: the runtime requirements and their locked dependencies
+    closure = img.runtime_pins(REPO)
+    assert closure is None or dists == closure, set(dists.items()) ^ set(closure.items())
     # Horovod's PyTorch ops import, built with MPI and Gloo (NCCL: only in a GPU variant, chapter 15).
     assert (tmp_path / "horovod.txt").read_text().split() == ["True", "True", "0"]
 

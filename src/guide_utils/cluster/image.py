@@ -2,8 +2,9 @@
 machine: ``python -m guide_utils image build|smoke|save``.
 
 * ``build``: the base image (Debian 12 from Debian's archive by ``mmdebstrap``: no registry
-  needed), then the image, tagged by a hash of what it is made of: an image built from the
-  same inputs is reused, and says so. Two tags: ``localhost/guide-env:HASH`` (Python, Open
+  needed), then the image, tagged by a hash of what it is made of (the lock counts only by
+  the pins of what the image installs): an image built from the same inputs is reused, and
+  says so. Two tags: ``localhost/guide-env:HASH`` (Python, Open
   MPI and the venv from ``requirements.lock``: minutes, once per lock) and
   ``localhost/guide:HASH`` (that plus ``src/``: seconds).
 * ``smoke``: one smoke epoch inside the image, its record read back on the host.
@@ -216,9 +217,39 @@ def _context(root: Path, wheel: Path, into: Path) -> None:
     shutil.copytree(root / "src", into / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
 
 
+def runtime_pins(root: Path) -> dict[str, str] | None:
+    """The lock's pins of what ``containers/requirements-runtime.txt`` installs: its packages
+    and their dependencies, recursively, extras included, as the venv's own metadata states
+    them (the venv was made from the same lock). None where the venv lacks one of them."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    lock = pins(root / "requirements.lock")
+    todo: list[tuple[str, frozenset]] = [(name, frozenset()) for name in pins(root / CONTEXT_FILES[1])]
+    seen: dict[str, set] = {}
+    while todo:
+        name, extras = todo.pop()
+        if name in seen and extras <= seen[name]:
+            continue
+        seen.setdefault(name, set()).update(extras)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            return None
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
+                todo.append((_normalise(req.name), frozenset(req.extras)))
+    return {name: lock.get(name, "") for name in sorted(seen)}
+
+
 def tags(root: Path, wheel: Path, base_id: str) -> tuple[str, str]:
-    """The environment's and the image's tags: hashes of what each is made of."""
-    env = _digest({Path(rel).name: root / rel for rel in CONTEXT_FILES} | {"wheel": wheel}, base_id)
+    """The environment's and the image's tags: hashes of what each is made of. Of the lock,
+    only the pins the image installs count (:func:`runtime_pins`): a new pin for a test or
+    book package does not rebuild the image (the whole lock when the venv cannot say)."""
+    closure = runtime_pins(root)
+    files = {Path(rel).name: root / rel for rel in CONTEXT_FILES if closure is None or rel != "requirements.lock"}
+    env = _digest(files | {"wheel": wheel}, base_id, json.dumps(closure))
     return f"{ENV_REPO}:{env}", f"{REPO}:{_digest({'src': root / 'src'}, env)}"
 
 
