@@ -19,8 +19,11 @@ HOROVOD_VERSION=0.28.1
 # < 4 (Horovod's bundled gloo declares an old cmake_minimum_required), a C++ compiler,
 # the ShellCheck linter for the sbatch examples, Slurm + munge, which the tests start as a
 # two-node cluster on this machine to run every sbatch example, and Chromium with its
-# WebDriver, in which the tests and `make book` read every page of the built book.
-APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make shellcheck slurm-wlm munge chromium chromium-driver)
+# WebDriver, in which the tests and `make book` read every page of the built book; podman
+# with runc and mmdebstrap, which build and run the guide's OCI image (containers/Containerfile;
+# Debian 12 has no Apptainer); nftables and python3-apt, for the Ansible playbook's tests.
+APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make shellcheck slurm-wlm munge chromium chromium-driver
+              podman runc mmdebstrap nftables python3-apt)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -185,6 +188,22 @@ if [[ $("$VENV/bin/configurable-http-proxy" --version 2>/dev/null) != "$CHP_VERS
             "configurable-http-proxy@$CHP_VERSION" >/dev/null
     else
         say "npm not found: configurable-http-proxy not installed (the JupyterHub test will skip)"
+    fi
+fi
+
+# --- the guide's OCI image ----------------------------------------------------------------
+# Built (or, when one was built from the same lock, Containerfile, Horovod wheel and src/,
+# reused) with podman, as root only: the tests train one epoch in it. The first build takes
+# ~6 min on 2 cores; a change to src/ alone rebuilds in seconds. Not fatal: where podman
+# cannot run, tests/test_container_image.py skips and says why.
+if [[ $(id -u) -eq 0 ]] && command -v podman >/dev/null; then
+    log="$VENV/image-build.log"
+    # Progress lines as they come, but not the one that says the image was reused.
+    if "$VENV/bin/python" -m guide_utils image build 2>&1 | tee "$log" \
+        | sed -nu -e '/^\[image\] reusing localhost\/guide:/d' -e 's/^\[image\] /[setup] image: /p'; then
+        :
+    else
+        say "the guide's image was not built: $(tail -n 1 "$log") (full log: $log)"
     fi
 fi
 

@@ -68,7 +68,8 @@ def test_the_apptainer_profile_binds_scratch_and_project_and_passes_the_gpus():
     profile = EXAMPLES / "sites" / f"{PROFILE}.sh"
     assert "GUIDE_SOFTWARE=apptainer" in profile.read_text().splitlines()
     assert exec_prefix(profile, local_scratch="/local/job42") == [
-        "apptainer", "exec", "--nv", "-B", "/local/job42", "-B", "/scratch/my_project", "/projappl/my_project/guide.sif"]
+        str(EXAMPLES / "lib" / "apptainer_env.sh"), "apptainer", "exec", "--cleanenv", "--nv", "-B", "/local/job42",
+        "-B", "/scratch/my_project", "/projappl/my_project/guide.sif"]
 
 
 @pytest.mark.slow
@@ -86,3 +87,25 @@ def test_the_image_builds_and_trains_one_smoke_epoch(tmp_path):
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(list((tmp_path / "r").glob("*.jsonl"))) == 1
+
+
+def test_cleanenv_keeps_the_hosts_environment_out_and_passes_the_tasks_in():
+    """apptainer_env.sh (what lib/guide.sh puts before `apptainer exec --cleanenv`): srun's
+    and the job's variables go in as APPTAINERENV_NAME, which Apptainer sets as NAME inside
+    the image even under --cleanenv; a module's PYTHONPATH or LD_LIBRARY_PATH does not."""
+    env = {"PATH": os.environ["PATH"], "SLURM_PROCID": "3", "PMIX_RANK": "3", "MASTER_ADDR": "node1",
+           "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO", "GUIDE_SITE": "apptainer-example",
+           "PYTHONPATH": "/appl/modules/python", "LD_LIBRARY_PATH": "/appl/lib", "LMOD_CMD": "/appl/lmod"}
+    out = subprocess.run([str(EXAMPLES / "lib" / "apptainer_env.sh"), "env"], env=env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout.splitlines()
+    passed = {line.split("=", 1)[0].removeprefix("APPTAINERENV_") for line in out if line.startswith("APPTAINERENV_")}
+    assert passed == {"SLURM_PROCID", "PMIX_RANK", "MASTER_ADDR", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "GUIDE_SITE"}
+    assert "APPTAINERENV_SLURM_PROCID=3" in out
+
+
+def test_every_apptainer_profile_cleans_the_environment():
+    for profile in sorted((EXAMPLES / "sites").glob("*apptainer*.sh")):
+        flags = subprocess.run(["bash", "-c", f'source "{profile}"; printf "%s\\n" "${{GUIDE_APPTAINER_FLAGS[@]}}"'],
+                               env={**os.environ, "LOCAL_SCRATCH": "/l"}, capture_output=True, text=True,
+                               timeout=30, check=True).stdout.split()
+        assert flags[0] == "--cleanenv", profile.name

@@ -40,7 +40,7 @@ EXPECTED = {
     "13_beyond_linear_scaling": ["06_learning_rate_warmup.sbatch --nodes=64 --array=0 -- --optimizer lars",
                                  "--optimizer lamb --lr-scaling sqrt", "global batch 8192"],
     "14_pitfalls": ["every pitfall is reproduced at laptop scale", "--kill-on-bad-exit=1"],
-    "15_containers": ["--gpus-per-node=4", "apptainer exec --nv -B"],
+    "15_containers": ["--gpus-per-node=4", "apptainer_env.sh apptainer exec", "--cleanenv --nv -B"],
     # the walk's global batch on half the GPUs: the same batch, rate and steps per epoch
     "17_next_steps": ["32 worker(s) x 128 = global batch 4096\n", "16 worker(s) x 128 x 2 accumulation steps = "
                       "global batch 4096\n    peak lr 1.6 (linear rule), warmup gradual 5 epochs; 312 optimizer steps",

@@ -278,6 +278,18 @@ def test_container_paths_with_spaces_stay_one_argument(tmp_path):
     assert len(calls) == 2
 
 
+def test_with_cleanenv_the_commands_reach_apptainer_through_the_variable_passer(tmp_path):
+    """--cleanenv in GUIDE_APPTAINER_FLAGS puts lib/apptainer_env.sh before `apptainer exec`
+    (tests/test_containers.py checks what it passes); apptainer gets the same arguments."""
+    container = tmp_path / "guide.sif"
+    container.write_text("")
+    profile = APPTAINER_PROFILE.format(container=container, flags="(--cleanenv --nv)")
+    out, calls = _source_guide(tmp_path, profile, 'guide_setup pytorch ddp\nprintf "%s\\n" "${GUIDE_EXEC[0]}"')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == str(EXAMPLES / "lib" / "apptainer_env.sh")
+    assert calls[0][:4] == ["exec", "--cleanenv", "--nv", str(container)]
+
+
 def test_apptainer_flags_as_a_string_are_one_clear_line(tmp_path):
     container = tmp_path / "guide.sif"
     container.write_text("")

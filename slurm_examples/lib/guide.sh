@@ -129,6 +129,14 @@ guide_software() {
         apptainer)
             [[ -f $GUIDE_CONTAINER ]] || guide_die "GUIDE_CONTAINER=$GUIDE_CONTAINER does not exist; build or copy the image first"
             GUIDE_EXEC=(apptainer exec ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"} "$GUIDE_CONTAINER")
+            # --cleanenv keeps the host's environment out of the image; what srun and the job
+            # set for the training still goes in, by name (lib/apptainer_env.sh says which).
+            for flag in ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"}; do
+                if [[ $flag == --cleanenv || $flag == -e ]]; then
+                    GUIDE_EXEC=("$GUIDE_ROOT/slurm_examples/lib/apptainer_env.sh" ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+                    break
+                fi
+            done
             ;;
     esac
 }

@@ -32,7 +32,9 @@ GUIDE_MODULES=""            # modules: what to `module load`, e.g. "pytorch/2.4"
 GUIDE_MODULE_PURGE=no       # optional, modules: yes runs `module purge` first; no (default) keeps
                             # what is loaded (Cray systems such as LUMI preload their stack)
 GUIDE_CONTAINER=""          # apptainer: path to the .sif image with guide_utils installed
-GUIDE_APPTAINER_FLAGS=(--nv)  # apptainer (an array): --nv for NVIDIA GPUs, --rocm for AMD, binds (-B DIR)
+GUIDE_APPTAINER_FLAGS=(--cleanenv --nv)  # apptainer (an array): --nv for NVIDIA GPUs, --rocm for AMD,
+                            # binds (-B DIR); --cleanenv: no host variables inside but srun's and
+                            # the job's (lib/apptainer_env.sh passes those)
 GUIDE_DATASET_ARCHIVE=""    # tar on the shared filesystem; empty: the training profile's own data
 GUIDE_DATASET_NAME=""       # folder inside the archive with train/ and val/
 GUIDE_TRAIN_PROFILE=full    # full (ResNet-50, 90 epochs) | smoke (small model, seconds)

@@ -18,7 +18,10 @@ GUIDE_CONTAINER=/projappl/my_project/guide.sif
 # besides the ones Apptainer binds by default ($HOME, the current directory, /tmp): the
 # node-local scratch with the staged dataset, and the project directory with the archive,
 # the results and the checkpoints. A path not bound is simply not there inside the image.
-GUIDE_APPTAINER_FLAGS=(--nv -B "$LOCAL_SCRATCH" -B /scratch/my_project)
+# --cleanenv: none of the host's environment goes in (a loaded module's PYTHONPATH or
+# LD_LIBRARY_PATH would change what runs inside), except what srun and the job set for the
+# training, which lib/guide.sh passes by name (lib/apptainer_env.sh).
+GUIDE_APPTAINER_FLAGS=(--cleanenv --nv -B "$LOCAL_SCRATCH" -B /scratch/my_project)
 GUIDE_DATASET_ARCHIVE=/scratch/my_project/datasets/ilsvrc2012.tar
 GUIDE_DATASET_NAME=ilsvrc2012
 GUIDE_TRAIN_PROFILE=full

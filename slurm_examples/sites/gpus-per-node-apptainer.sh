@@ -11,7 +11,7 @@ GUIDE_GPU_REQUEST="--gpus-per-node=%d"
 GUIDE_SCRATCH=$LOCAL_SCRATCH  # placeholder name of the node-local disk (the job's copy goes in guide-<job id>)
 GUIDE_SOFTWARE=apptainer
 GUIDE_CONTAINER=$HOME/containers/guide.sif
-GUIDE_APPTAINER_FLAGS=(--nv -B "$LOCAL_SCRATCH")
+GUIDE_APPTAINER_FLAGS=(--cleanenv --nv -B "$LOCAL_SCRATCH")
 GUIDE_DATASET_ARCHIVE=/scratch/my_project/datasets/ilsvrc2012.tar
 GUIDE_DATASET_NAME=ilsvrc2012
 GUIDE_TRAIN_PROFILE=full

@@ -11,6 +11,8 @@ Studies:
 On the cluster:
   doctor        what this machine, stack and Slurm job look like, and what will hurt
                 (--tasks FILE: judge the task-probe lines of a job's tasks)
+  image         the guide's OCI image with podman: build (or reuse), smoke (one epoch inside), save
+                (a docker-archive, for apptainer build)
   task-probe    what one task of a job sees (CPUs, GPUs) as a JSON line, for doctor --tasks
   sync-check    do N processes (Horovod or DDP) really end with the same weights?
   rendezvous    HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
@@ -41,6 +43,7 @@ COMMANDS = {  # name: (module, function), grouped as --help lists them
     "verify": ("guide_utils.studies.verify", "main"),
     # on the cluster
     "doctor": ("guide_utils.cluster.doctor", "main"),
+    "image": ("guide_utils.cluster.image", "main"),
     "task-probe": ("guide_utils.cluster.doctor_tasks", "main"),
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
     "rendezvous": ("guide_utils.runtime.slurm", "rendezvous_main"),

@@ -50,7 +50,9 @@ def runtime() -> str | None:
 
 def exec_prefix(profile: Path | None = None, *, local_scratch: str = "/local/scratch") -> list[str]:
     """What a job with ``profile`` puts before every command that needs the guide's stack:
-    ``apptainer exec FLAGS IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set);
+    ``apptainer exec FLAGS IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set),
+    after ``slurm_examples/lib/apptainer_env.sh`` when FLAGS has ``--cleanenv`` (as
+    ``lib/guide.sh`` does: it passes the variables srun and the job set into the image);
     ``profile`` defaults to the repository's ``apptainer-example.sh``."""
     profile = profile or _FILES["PROFILE"]()
     code = (f"source {profile}; printf '%s\\n' \"$GUIDE_CONTAINER\" "
@@ -58,7 +60,8 @@ def exec_prefix(profile: Path | None = None, *, local_scratch: str = "/local/scr
     out = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=30, check=True,
                          env={**os.environ, "LOCAL_SCRATCH": local_scratch})
     container, *flags = out.stdout.splitlines()
-    return ["apptainer", "exec", *flags, container]
+    env = [str(repo_path("slurm_examples", "lib", "apptainer_env.sh"))] if {"--cleanenv", "-e"} & set(flags) else []
+    return [*env, "apptainer", "exec", *flags, container]
 
 
 def import_footprint(modules: tuple[str, ...] = ("torch", "torchvision", "timm", "guide_utils.engine")) -> dict:
