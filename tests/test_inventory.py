@@ -106,3 +106,34 @@ def test_a_node_list_that_cannot_be_a_cluster_is_one_line(nodes, head, message):
 def test_an_unknown_inventory_is_one_line():
     with pytest.raises(GuideError, match="no inventory 'nope' in ansible/inventories"):
         inventory.read("nope")
+
+
+def test_the_command_turns_tofu_output_into_an_inventory_ansible_reads(tmp_path):
+    """`python -m guide_utils inventory` on what `tofu output -json` prints (every output, the
+    guide's among them): Ansible's own inventory parser finds the groups and addresses; a
+    second run refuses to overwrite the file; bad JSON is one line."""
+    tofu = {"guide_nodes": {"sensitive": False, "type": ["object", {}], "value": {
+        "head": {"ansible_host": "203.0.113.100", "cluster_address": "192.0.2.100"},
+        "node01": {"ansible_host": "203.0.113.101", "cluster_address": "192.0.2.101"},
+        "node02": {"ansible_host": "203.0.113.102", "cluster_address": "192.0.2.102"}}},
+        "other_output": {"sensitive": False, "type": "string", "value": "x"}}
+    (tmp_path / "tofu.json").write_text(json.dumps(tofu))
+    cmd = [sys.executable, "-m", "guide_utils", "inventory", str(tmp_path / "tofu.json"), "--head", "head",
+           "--gpus", "4", "--gpu-files", "/dev/nvidia[0-3]", "-o", str(tmp_path / "hosts.yml")]
+    first = subprocess.run(cmd, capture_output=True, text=True)
+    assert first.returncode == 0 and "3 machines" in first.stdout, first.stderr
+    listed = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i",
+                             str(tmp_path / "hosts.yml"), "--list"], capture_output=True, text=True,
+                            env={**os.environ, "ANSIBLE_HOME": str(tmp_path)})
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    assert data["slurm_compute"]["hosts"] == ["node01", "node02"] and data["slurm_controller"]["hosts"] == ["head"]
+    node = data["_meta"]["hostvars"]["node02"]
+    assert (node["cluster_address"], node["gpus"], node["gpu_files"]) == ("192.0.2.102", 4, "/dev/nvidia[0-3]")
+    before = (tmp_path / "hosts.yml").read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr and "Traceback" not in again.stderr
+    assert (tmp_path / "hosts.yml").read_text() == before
+    (tmp_path / "bad.json").write_text("{")
+    bad = subprocess.run([*cmd[:4], str(tmp_path / "bad.json"), *cmd[5:-2]], capture_output=True, text=True)
+    assert bad.returncode == 2 and "not JSON" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -13,6 +13,7 @@ On the cluster:
                 (--tasks FILE: judge the task-probe lines of a job's tasks)
   image         the guide's OCI image with podman: build (or reuse), smoke (one epoch inside), save
                 (a docker-archive, for apptainer build)
+  inventory     the playbook's hosts.yml from a provisioner's machines (tofu output -json)
   task-probe    what one task of a job sees (CPUs, GPUs) as a JSON line, for doctor --tasks
   sync-check    do N processes (Horovod or DDP) really end with the same weights?
   rendezvous    HOST:PORT of this Slurm job's rendezvous (first node, port from the job id)
@@ -44,6 +45,7 @@ COMMANDS = {  # name: (module, function), grouped as --help lists them
     # on the cluster
     "doctor": ("guide_utils.cluster.doctor", "main"),
     "image": ("guide_utils.cluster.image", "main"),
+    "inventory": ("guide_utils.cluster.inventory", "main"),
     "task-probe": ("guide_utils.cluster.doctor_tasks", "main"),
     "sync-check": ("guide_utils.cluster.sync_check", "main"),
     "rendezvous": ("guide_utils.runtime.slurm", "rendezvous_main"),

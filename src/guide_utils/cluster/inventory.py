@@ -186,3 +186,64 @@ def from_nodes(nodes: dict[str, dict[str, Any]], *, head: str, gpus: int, gpu_fi
     children["slurm_compute"] = {"hosts": {n: None for n in compute}, "vars": node_vars}
     return {"all": {"children": {"cluster": {"children": children}},
                     "hosts": {name: dict(fields) for name, fields in nodes.items()}}}
+
+
+def _nodes_from_json(text: str, source: str) -> dict[str, dict[str, Any]]:
+    """The machines of ``tofu output -json`` (one output, or all of them with the one named
+    ``guide_nodes``) or of a plain ``{name: {...}}`` node list."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GuideError(f"{source} is not JSON ({exc.msg}, line {exc.lineno}); give the output of "
+                         "`tofu output -json guide_nodes` or a {name: {ansible_host: ...}} list") from None
+    if isinstance(data, dict) and "guide_nodes" in data:  # `tofu output -json`: every output
+        data = data["guide_nodes"]
+    if isinstance(data, dict) and set(data) >= {"value"} and isinstance(data.get("value"), dict):
+        data = data["value"]  # one output with its type and sensitivity
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise GuideError(f"{source}: expected machines as {{name: {{ansible_host: ..., cluster_address: ...}}}}")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m guide_utils inventory NODES.json --head NAME --gpus N --gpu-files F -o hosts.yml``"""
+    import sys
+
+    import yaml
+
+    from ..core.cli import ArgumentParser, one_line_errors
+
+    p = ArgumentParser(prog="python -m guide_utils inventory",
+                       description="Write the playbook's hosts.yml from the machines a provisioner made "
+                                   "(`tofu output -json guide_nodes`) or a testbed's node list (JSON).")
+    p.add_argument("nodes", help="the JSON file, or - for standard input")
+    p.add_argument("--head", required=True, help="the machine for Slurm's controller, the share and the hub")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per compute node")
+    p.add_argument("--gpu-files", required=True, help="their device files, e.g. /dev/nvidia[0-3]")
+    p.add_argument("--gpu-type", default="", help="the GPU type in gres.conf (optional)")
+    p.add_argument("-o", "--output", help="write here (refused if it exists); default: standard output")
+
+    @one_line_errors(p.prog)
+    def run(argv):
+        args = p.parse_args(argv)
+        if args.gpus < 1:
+            raise GuideError(f"--gpus {args.gpus}: a compute node needs at least one GPU")
+        source = "standard input" if args.nodes == "-" else args.nodes
+        text = sys.stdin.read() if args.nodes == "-" else open(args.nodes).read()
+        hosts = from_nodes(_nodes_from_json(text, source), head=args.head, gpus=args.gpus,
+                           gpu_files=args.gpu_files, gpu_type=args.gpu_type)
+        out = yaml.safe_dump(hosts, sort_keys=False)
+        if not args.output:
+            print(out, end="")
+            return 0
+        try:
+            with open(args.output, "x") as f:  # never over a user's file
+                f.write(out)
+        except FileExistsError:
+            raise GuideError(f"{args.output} exists; remove it or choose another --output") from None
+        print(f"wrote {args.output}: {len(hosts['all']['hosts'])} machines")
+        return 0
+
+    return run(argv)
