@@ -15,11 +15,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from guide_utils.cluster import image as img
 
@@ -137,7 +139,7 @@ def test_the_image_trains_one_smoke_epoch_and_carries_only_what_training_needs(i
     assert not debian & set(NOT_DEBIAN), debian & set(NOT_DEBIAN)
     # ... no TensorFlow, book, test or installer packages, and every distribution at the lock's version.
     dists = dict(line.split("==", 1) for line in (tmp_path / "dists.txt").read_text().split())
-    dists = {img._normalise(name): version for name, version in dists.items()}
+    dists = {canonicalize_name(name): version for name, version in dists.items()}
     assert not dists.keys() & set(NOT_PYTHON), dists.keys() & set(NOT_PYTHON)
     lock = img.pins(REPO / "requirements.lock")
     assert dists.pop("horovod") == "0.28.1"  # the wheel scripts/setup.sh built for the venv
@@ -162,3 +164,9 @@ def test_an_image_saves_as_the_docker_archive_apptainer_converts(image, tmp_path
         (manifest,) = json.load(tar.extractfile("manifest.json"))
     assert manifest["Config"] in names and manifest["Layers"] and set(manifest["Layers"]) <= names
     assert manifest["RepoTags"] == [img.BASE]
+    # an archive already there is the user's: refused in one line, left as it was
+    before = out.stat().st_mtime_ns
+    again = subprocess.run([sys.executable, "-m", "guide_utils", "image", "save", str(out)], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 2 and "exists" in again.stderr and "Traceback" not in again.stderr, again.stderr
+    assert out.stat().st_mtime_ns == before

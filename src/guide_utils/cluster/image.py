@@ -19,9 +19,6 @@ and the file events logger by itself there), passed on every call rather than wr
 ``/etc/containers``: ``runc`` (Debian 12's crun 1.8.1 refuses hybrid cgroups v1/v2, "drop all
 controllers from cgroupv2"), and resource limits no higher than this process's own, since
 podman's defaults (1048576 open files) need CAP_SYS_RESOURCE, which the VM does not grant.
-
->>> _normalise("Pillow"), _normalise("python_hostlist")
-('pillow', 'python-hostlist')
 """
 
 from __future__ import annotations
@@ -39,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from packaging.utils import canonicalize_name
+
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..core.paths import repo_root
@@ -55,11 +54,6 @@ CONTEXT_FILES = ("containers/Containerfile", "containers/requirements-runtime.tx
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 
 
-def _normalise(name: str) -> str:
-    """A distribution's name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def pins(path: Path) -> dict[str, str]:
     """``name==version`` lines of a requirements or lock file, by normalised name."""
     out = {}
@@ -67,7 +61,7 @@ def pins(path: Path) -> dict[str, str]:
         line = line.split("#", 1)[0].strip()
         if "==" in line:
             name, version = line.split("==", 1)
-            out[_normalise(name)] = version.strip()
+            out[canonicalize_name(name)] = version.strip()
     return out
 
 
@@ -239,7 +233,7 @@ def runtime_pins(root: Path) -> dict[str, str] | None:
         for line in requires:
             req = Requirement(line)
             if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
-                todo.append((_normalise(req.name), frozenset(req.extras)))
+                todo.append((canonicalize_name(req.name), frozenset(req.extras)))
     return {name: lock.get(name, "") for name in sorted(seen)}
 
 
@@ -361,7 +355,9 @@ def smoke(tag: str, results: Path) -> dict:
 
 def save(tag: str, out: Path) -> Path:
     """``tag`` as a docker-archive at ``out``: what ``apptainer build guide.sif docker-archive://OUT``
-    converts where Apptainer runs."""
+    converts where Apptainer runs. An existing ``out`` is refused (podman would replace it)."""
+    if out.exists():
+        raise GuideError(f"{out} exists; remove it or choose another file for the archive")
     _podman("save", "--format", "docker-archive", "-o", str(out), tag, timeout=1800)
     return out
 
@@ -418,6 +414,8 @@ def say(line: str) -> None:
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.action == "save" and Path(args.output).exists():  # before minutes of building, not after
+        raise GuideError(f"{args.output} exists; remove it or choose another file for the archive")
     built = build(say=say)
     print(built["tag"])
     if args.action == "smoke":
