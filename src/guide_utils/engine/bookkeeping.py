@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import platform
 from dataclasses import asdict
 from pathlib import Path
@@ -45,8 +46,6 @@ def environment(dist_kind: str, workers: int, **framework: Any) -> dict[str, Any
     (``GUIDE_NETWORK``, e.g. ``10Gbit/s``; None where it says nothing): no process can measure
     the link it was given, and runs on two networks (the SLICES benchmark's 1 and 10 Gbit/s)
     are otherwise the same runs."""
-    import os
-
     from ..runtime.slurm import SlurmJob
 
     env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(), **framework,
