@@ -4,8 +4,12 @@
 # built with PyTorch + TensorFlow + Gloo + MPI. Re-running it when nothing changed takes
 # seconds: each step checks before it acts.
 #
-#   scripts/setup.sh              # what `make book` and `make test` run first
+#   scripts/setup.sh              # what `make test` runs first: everything the tests use
+#   scripts/setup.sh --for book   # what `make book` runs first: only what the book needs
 #   VENV=/path/to/venv scripts/setup.sh
+#
+# The guide's OCI image is not built here: `make image` builds it, and so does the one test
+# module that runs it (tests/test_container_image.py), reusing it while its inputs stay the same.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,15 +19,27 @@ cd "$repo"
 VENV=$(realpath -m "${VENV:-$repo/.venv}")
 PYTHON=${PYTHON:-python3.11}
 HOROVOD_VERSION=0.28.1
-# Debian packages: OpenMPI (mpirun + mpicc/headers for Horovod's MPI controller), CMake
-# < 4 (Horovod's bundled gloo declares an old cmake_minimum_required), a C++ compiler,
-# the ShellCheck linter for the sbatch examples, Slurm + munge, which the tests start as a
-# two-node cluster on this machine to run every sbatch example, and Chromium with its
-# WebDriver, in which the tests and `make book` read every page of the built book; podman
-# with runc and mmdebstrap, which build and run the guide's OCI image (containers/Containerfile;
-# Debian 12 has no Apptainer); nftables and python3-apt, for the Ansible playbook's tests.
-APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make shellcheck slurm-wlm munge chromium chromium-driver
-              podman runc mmdebstrap nftables python3-apt)
+# What a set-up is for: "test" (the default) installs everything the tests use; "book" only
+# what executing the notebooks and reading the built pages needs, so that a reader who wants
+# the book does not wait for Slurm, podman or Node.js.
+purpose=test
+case "${1:-}" in
+    "") ;;
+    --for) purpose=${2:-}; [[ $purpose == book || $purpose == test ]] || {
+        printf '[setup] error: --for takes book or test, not "%s"\n' "$purpose" >&2; exit 2; } ;;
+    *) printf '[setup] error: unknown option "%s"; use scripts/setup.sh [--for book|test]\n' "$1" >&2; exit 2 ;;
+esac
+# Debian packages for the book: OpenMPI (mpirun + mpicc/headers for Horovod's MPI controller,
+# which chapters 3 and 14 run), CMake < 4 (Horovod's bundled gloo declares an old
+# cmake_minimum_required), a C++ compiler, and Chromium with its WebDriver, in which
+# `make book` reads every page of the built book.
+APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make chromium chromium-driver)
+# For the tests as well: the ShellCheck linter for the sbatch examples, Slurm + munge, which
+# the tests start as a two-node cluster on this machine to run every sbatch example; podman
+# with runc and mmdebstrap, which build and run the guide's OCI image
+# (containers/Containerfile; Debian 12 has no Apptainer); nftables and python3-apt, for the
+# Ansible playbook's tests.
+[[ $purpose == test ]] && APT_PACKAGES+=(shellcheck slurm-wlm munge podman runc mmdebstrap nftables python3-apt)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -49,7 +65,7 @@ fi
 
 # Node.js and npm, for JupyterHub's proxy (below): Debian's, unless a node that brings its
 # own npm (NodeSource's) is already installed (Debian's npm package would conflict with it).
-if ! command -v npm >/dev/null; then
+if [[ $purpose == test ]] && ! command -v npm >/dev/null; then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
         say "installing Debian packages: nodejs npm"
         export DEBIAN_FRONTEND=noninteractive
@@ -181,29 +197,13 @@ horovod_key >"$checked"
 # PATH (tests/test_jupyterhub.py). 5.1.0 runs on Node.js 18 and newer (5.2 needs 20, and the
 # dependencies of 5.3 need 22.12).
 CHP_VERSION=5.1.0
-if [[ $("$VENV/bin/configurable-http-proxy" --version 2>/dev/null) != "$CHP_VERSION" ]]; then
+if [[ $purpose == test && $("$VENV/bin/configurable-http-proxy" --version 2>/dev/null) != "$CHP_VERSION" ]]; then
     if command -v npm >/dev/null; then
         say "installing configurable-http-proxy $CHP_VERSION (npm) into $VENV"
         npm install --global --prefix "$VENV" --no-audit --no-fund --loglevel=error \
             "configurable-http-proxy@$CHP_VERSION" >/dev/null
     else
         say "npm not found: configurable-http-proxy not installed (the JupyterHub test will skip)"
-    fi
-fi
-
-# --- the guide's OCI image ----------------------------------------------------------------
-# Built (or, when one was built from the same lock, Containerfile, Horovod wheel and src/,
-# reused) with podman, as root only: the tests train one epoch in it. The first build takes
-# ~6 min on 2 cores; a change to src/ alone rebuilds in seconds. Not fatal: where podman
-# cannot run, tests/test_container_image.py skips and says why.
-if [[ $(id -u) -eq 0 ]] && command -v podman >/dev/null; then
-    log="$VENV/image-build.log"
-    # Progress lines as they come, but not the one that says the image was reused.
-    if "$VENV/bin/python" -m guide_utils image build 2>&1 | tee "$log" \
-        | sed -nu -e '/^\[image\] reusing localhost\/guide:/d' -e 's/^\[image\] /[setup] image: /p'; then
-        :
-    else
-        say "the guide's image was not built: $(tail -n 1 "$log") (full log: $log)"
     fi
 fi
 

@@ -3,8 +3,9 @@
 the venv, carries only what training needs, trains one smoke epoch, and saves as the
 docker-archive that `apptainer build guide.sif docker-archive://guide.tar` converts.
 
-The first build of the image takes minutes (the venv's 6.7 GB); scripts/setup.sh makes it
-when run as root with podman installed, so here it is normally reused (one line says which).
+The first build of the image takes minutes (the venv's 6.7 GB); the set-up does not make it
+(no notebook needs it): this module's fixture builds it when it is missing (as `make image`
+does), and reuses it while its inputs stay the same (one line says which).
 Where podman is missing or cannot start a container, the tests that need it skip and say why."""
 
 from __future__ import annotations
