@@ -157,25 +157,6 @@ class SlurmJob:
     def rendezvous(self) -> tuple[str, int]:
         return self.master_addr, self.master_port
 
-    def torch_distributed_env(self) -> dict[str, str]:
-        """The variables torch.distributed's ``env://`` init reads, for a task started by srun.
-
-        torchrun sets these itself; under ``srun python train.py`` nobody does, which is why
-        tasks otherwise hang waiting for a rendezvous that never comes. The world is the
-        step's tasks (a step may use fewer than the job has), meeting on the step's first node.
-        """
-        if not self.in_step or self.procid is None:
-            raise GuideError("not an srun task (SLURM_STEP_ID is unset: this is the batch script itself); "
-                             "start the training with srun or torchrun")
-        addr = self.step_nodes[0] if self.step_nodes else self.master_addr
-        return {
-            "MASTER_ADDR": addr,
-            "MASTER_PORT": str(self.master_port),
-            "WORLD_SIZE": str(self.step_ntasks or self.ntasks),
-            "RANK": str(self.procid),
-            "LOCAL_RANK": str(self.localid if self.localid is not None else 0),
-        }
-
 
 # What Slurm's clients need to find the cluster: kept when submitting from inside a job.
 SUBMIT_KEEP = ("SLURM_CONF",)
