@@ -67,8 +67,9 @@ def command(launcher: str, workers: int, module: str, args: list[str], forward: 
         mpirun = shutil.which("mpirun")
         if mpirun is None:
             raise GuideError("mpirun not found; install OpenMPI (apt-get install openmpi-bin) or use horovodrun")
-        passed = [a for name in ("PATH", "OMP_NUM_THREADS", *forward) for a in ("-x", name)]
-        return [mpirun, "-np", str(workers), "--oversubscribe", "--bind-to", "none", *passed, *python]
+        passed = [a for name in forward for a in ("-x", name)]
+        return [mpirun, *passed, "-np", str(workers), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
+                "-x", "OMP_NUM_THREADS", *python]
     if launcher == "torchrun":
         return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(workers), "-m", module, *args]
     raise GuideError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
