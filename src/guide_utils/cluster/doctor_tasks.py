@@ -29,6 +29,7 @@ from typing import Any, Mapping
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..runtime import launchers
+from ..runtime.launchers.base import affinity
 from ..runtime.gpus import device_index, device_variable, visible_devices
 from ..runtime.slurm import SlurmJob
 from .doctor_gpus import allocated
@@ -60,8 +61,7 @@ def _first_int(env: Mapping[str, str], *names: str) -> int | None:
 
 
 def _cpus() -> list[int]:
-    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere: every CPU
-    return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
+    return affinity()
 
 
 def probe(env: Mapping[str, str] = os.environ) -> dict[str, Any]:

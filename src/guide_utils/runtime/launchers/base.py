@@ -21,6 +21,12 @@ from ..slurm import SlurmJob, read_int
 BACKENDS = ("horovod", "ddp", "mwms")  # the --dist values that need a launcher
 
 
+def affinity() -> list[int]:
+    """The CPUs this process may run on (its affinity; every CPU where it cannot be read)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux only
+    return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
+
+
 class Launcher:
     """The environment a launcher gave this process (``env``, default ``os.environ``)."""
 
@@ -164,9 +170,8 @@ class Launcher:
         return visible[device_index(self.local_rank, len(visible))] if visible else None
 
     def cpus(self) -> list[int]:
-        """The CPUs this process may run on (its affinity; every CPU where it cannot be read)."""
-        getaffinity = getattr(os, "sched_getaffinity", None)  # Linux only
-        return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
+        """The CPUs this process may run on (:func:`affinity`)."""
+        return affinity()
 
     def cpus_asked(self) -> int | float | None:
         """The CPUs the job asked for this process (Slurm's --cpus-per-task), None if unknown."""
