@@ -31,7 +31,7 @@ from ..core.errors import GuideError
 from ..runtime import launchers
 from ..runtime.launchers.base import affinity
 from ..runtime.gpus import device_index, device_variable, visible_devices
-from ..runtime.slurm import SlurmJob
+from ..runtime.slurm import SlurmJob, read_int
 from .doctor_gpus import allocated
 
 PROG = "python -m guide_utils task-probe"
@@ -47,17 +47,6 @@ CPU_FIX = ("srun did not pass --cpus-per-task on to the step (Slurm 22.05-23.02)
            "or give srun --cpus-per-task")
 GPU_FIX = ("give each task its own GPU: as many GPUs per node as tasks (GUIDE_GPU_REQUEST, e.g. --gres=gpu:N), "
            "--gpus-per-task=1, or srun --gpu-bind=single:1; or run fewer tasks per node")
-
-
-def _first_int(env: Mapping[str, str], *names: str) -> int | None:
-    """The value of the first of ``names`` set in ``env``, as an integer."""
-    for name in names:
-        value = env.get(name, "").strip()
-        if value:
-            if not value.lstrip("-").isdigit():
-                raise GuideError(f"{name}={value!r} is not an integer; is the job environment intact?")
-            return int(value)
-    return None
 
 
 def _cpus() -> list[int]:
@@ -77,7 +66,7 @@ def probe(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "rank": launcher.rank if launcher is not None else 0,
         "local_rank": local_rank,
         "cpus": _cpus(),
-        "cpus_per_task": _first_int(env, "SLURM_CPUS_PER_TASK"),
+        "cpus_per_task": read_int(env, "SLURM_CPUS_PER_TASK"),
         "gpu_variable": device_variable(env),
         "visible_gpus": visible,
         "gpu": visible[device_index(local_rank, len(visible))] if visible else None,
@@ -92,7 +81,7 @@ def local_probes(n: int, env: Mapping[str, str] = os.environ) -> list[dict[str, 
     of the CPUs the launcher was given."""
     if n < 1:
         raise GuideError(f"--local {n}: give the number of processes the launcher starts here (1 or more)")
-    first = _first_int(env, "SLURM_PROCID") or 0  # a launcher per node: its task id is the node's index
+    first = read_int(env, "SLURM_PROCID") or 0  # a launcher per node: its task id is the node's index
     base = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID")}
     job = SlurmJob.from_env(env)
     # what torchrun would tell each of them (runtime.launchers reads it as torchrun's)
