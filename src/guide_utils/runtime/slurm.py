@@ -2,8 +2,9 @@
 
 Slurm describes a job through ``SLURM_*`` variables. Every launcher this guide uses (srun,
 mpirun, horovodrun, torchrun) needs some of them translated: the node list expanded, the
-first node chosen as rendezvous host, a port that two jobs sharing a node will not both
-pick. That translation lives here, once.
+first node chosen as rendezvous host, the port derived from the job id (checked where it
+is used: ``runtime.rendezvous``). That translation lives here, once; what each launcher
+makes of it, in ``runtime.launchers``.
 
 >>> job = SlurmJob.from_env({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[01-02]",
 ...                          "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4"})
