@@ -65,10 +65,11 @@ TORCHRUN = {
     "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "785eb65d-598c-4cad-aebe-c99d5a2a9153",
     "WORLD_SIZE": "2",
 }
-# horovodrun -np 2 -H localhost:2 --gloo, rank 1.
-HOROVODRUN = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
-              "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-              "HOROVOD_GLOO_RENDEZVOUS_PORT": "41234", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+# horovodrun -np 2 -H localhost:2 --gloo --network-interface lo, rank 1.
+HOROVODRUN = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_CROSS_RANK": "0",
+              "HOROVOD_CROSS_SIZE": "1", "HOROVOD_GLOO_IFACE": "lo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+              "HOROVOD_GLOO_RENDEZVOUS_PORT": "65365", "HOROVOD_HOSTNAME": "localhost", "HOROVOD_LOCAL_RANK": "1",
+              "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}
 # jsrun -n 4 -a 1 -g 1 on two compute nodes of 42 slots, rank 3 (LSF lists its launch node first).
 JSRUN = {"JSM_NAMESPACE_RANK": "3", "JSM_NAMESPACE_SIZE": "4", "JSM_NAMESPACE_LOCAL_RANK": "1",
          "LSB_JOBID": "31337", "LSB_MCPU_HOSTS": "batch1 1 h41n04 42 h41n05 42", "LS_SUBCWD": "/ccs/proj/me"}
