@@ -62,7 +62,11 @@ def test_the_engine_s_backend_for_gpus_reduces_cpu_tensors_too(one_rank_group):
 def test_ddp_on_a_gpu_asks_for_a_backend_per_device_type(monkeypatch):
     """The engine's own start-up under torchrun on a GPU node: which backend it asks for."""
     asked = {}
-    monkeypatch.setattr(distributed, "require_launcher", lambda kind: ("torchrun", None))
+    # torchrun's variables for rank 0 of 4 (the launcher is read from them: runtime.launchers)
+    for name, value in {"TORCHELASTIC_RUN_ID": "t", "RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     monkeypatch.setattr(distributed, "_pick_device", lambda local_rank: torch.device("cuda", local_rank))
     monkeypatch.setattr(tdist, "init_process_group", lambda **kw: asked.update(kw))
     monkeypatch.setattr(tdist, "get_rank", lambda: 0)

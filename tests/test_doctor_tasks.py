@@ -208,8 +208,8 @@ def test_tasks_bound_to_one_cpu_fail_the_doctor_end_to_end():
     mine = sorted(os.sched_getaffinity(0))
     cpus = [mine[r % len(mine)] for r in (0, 1)]  # a CPU each, as task/affinity binds them
     lines = [_run("-m", "guide_utils", "task-probe", cpus={cpus[r]},
-                  env={"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_CPUS_PER_TASK": "2",
-                       "SLURMD_NODENAME": "n1"}).stdout for r in (0, 1)]
+                  env={"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r),
+                       "SLURM_CPUS_PER_TASK": "2", "SLURMD_NODENAME": "n1"}).stdout for r in (0, 1)]
     assert [json.loads(line)["cpus"] for line in lines] == [[cpus[0]], [cpus[1]]]
     out = _run("-m", "guide_utils", "doctor", "--tasks", "-", stdin="".join(lines))
     assert out.returncode == 1, out.stdout + out.stderr

@@ -66,3 +66,63 @@ def test_a_back_arrow_fails(tmp_path):
     proc = _lint(src, tmp_path / "pyproject.toml")
     assert proc.returncode != 0 and "guide_utils.engine.metrics -> guide_utils.studies.sweep" in proc.stdout, \
         proc.stdout[-3000:]
+
+
+# --- launcher names: only the runtime layer knows them ----------------------------------------
+
+def _launcher_names() -> set[str]:
+    from guide_utils.runtime import launch, launchers
+
+    return {*launchers.names(), *launch.LAUNCHERS, "srun"}
+
+
+def _branches_on(tree, names: set[str]) -> list[tuple[int, str]]:
+    """Where ``tree`` compares with a launcher's name (``== "torchrun"``, ``in ("mpirun", ...)``,
+    ``case "srun":``) or keys a dict by launcher names (a dispatch table)."""
+    import ast
+
+    def named(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(named(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)):
+            found.append((node.lineno, "compares with a launcher's name"))
+        elif isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys):
+            found.append((node.lineno, "keys a dict by launcher names"))
+        elif isinstance(node, ast.MatchValue) and named(node.value):
+            found.append((node.lineno, "matches a launcher's name"))
+    return found
+
+
+def _launcher_branches(src: Path) -> list[str]:
+    import ast
+
+    names = _launcher_names()
+    out = []
+    for path in sorted((src / "guide_utils").rglob("*.py")):
+        rel = path.relative_to(src)
+        if rel.parts[1] == "runtime":
+            continue
+        out += [f"{rel}:{line}: {what}" for line, what in _branches_on(ast.parse(path.read_text()), names)]
+    return out
+
+
+def test_no_module_outside_the_runtime_layer_branches_on_a_launcher_s_name():
+    """What a launcher can do is asked of its class (guide_utils.runtime.launchers): a new
+    launcher is one module there, not an edit in every layer that compares names."""
+    assert _launcher_branches(REPO / "src") == []
+
+
+def test_the_launcher_name_check_finds_each_kind_of_branch():
+    import ast
+
+    names = _launcher_names()
+    code = ('if launcher != "torchrun": pass\nx = kind in ("horovodrun", "mpirun")\n'
+            'D = {"srun": 1}\nmatch kind:\n    case "jsrun": pass\n'
+            'Setup("ddp", 2, "torchrun")\nok = kind == "horovod"\n')
+    assert [line for line, _ in _branches_on(ast.parse(code), names)] == [1, 2, 3, 5]

@@ -82,21 +82,33 @@ SRUN_TASK = {**THESIS_32_GPU, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "32"
              "SLURM_STEP_NODELIST": "r01g[01-04],r02g[01-04]"}
 
 
-def test_torch_env_for_an_srun_task():
-    env = SlurmJob.from_env(SRUN_TASK).torch_distributed_env()
+def _task(tmp_path, **extra):
+    """The launcher environment of an srun task whose rank 0 announced port 20337 (the
+    derived one) in ``tmp_path``, as it does when nothing holds that port."""
+    from guide_utils.runtime import launchers
+
+    env = {**SRUN_TASK, "GUIDE_RENDEZVOUS_DIR": str(tmp_path), **extra}
+    launcher = launchers.detect(env)
+    launcher.announce_file().write_text("20337\n")
+    return launcher
+
+
+def test_torch_env_for_an_srun_task(tmp_path):
+    env = _task(tmp_path).torch_env()
     assert env == {"MASTER_ADDR": "r01g01", "MASTER_PORT": "20337", "WORLD_SIZE": "32", "RANK": "13",
-                   "LOCAL_RANK": "1"}
+                   "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
 
 
 def test_torch_env_needs_an_srun_task():
     # The batch script itself has SLURM_PROCID=0 but is no task of a step.
-    with pytest.raises(GuideError, match="batch script itself"):
-        SlurmJob.from_env(THESIS_32_GPU).torch_distributed_env()
+    from guide_utils.runtime import launchers
+
+    with pytest.raises(GuideError, match="batch script"):
+        launchers.require("ddp", THESIS_32_GPU)
 
 
-def test_a_step_smaller_than_the_job_is_its_own_world():
-    env = SlurmJob.from_env({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NODELIST": "r02g[01-02]",
-                             "SLURM_PROCID": "3"}).torch_distributed_env()
+def test_a_step_smaller_than_the_job_is_its_own_world(tmp_path):
+    env = _task(tmp_path, SLURM_STEP_NUM_TASKS="8", SLURM_STEP_NODELIST="r02g[01-02]", SLURM_PROCID="3").torch_env()
     assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["RANK"]) == ("8", "r02g01", "3")
 
 

@@ -28,8 +28,10 @@ from typing import Any, Mapping
 
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
+from ..runtime import launchers
+from ..runtime.launchers.base import affinity
 from ..runtime.gpus import device_index, device_variable, visible_devices
-from ..runtime.slurm import SlurmJob
+from ..runtime.slurm import SlurmJob, read_int
 from .doctor_gpus import allocated
 
 PROG = "python -m guide_utils task-probe"
@@ -47,34 +49,24 @@ GPU_FIX = ("give each task its own GPU: as many GPUs per node as tasks (GUIDE_GP
            "--gpus-per-task=1, or srun --gpu-bind=single:1; or run fewer tasks per node")
 
 
-def _first_int(env: Mapping[str, str], *names: str) -> int | None:
-    """The value of the first of ``names`` set in ``env``, as an integer."""
-    for name in names:
-        value = env.get(name, "").strip()
-        if value:
-            if not value.lstrip("-").isdigit():
-                raise GuideError(f"{name}={value!r} is not an integer; is the job environment intact?")
-            return int(value)
-    return None
-
-
 def _cpus() -> list[int]:
-    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere: every CPU
-    return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
+    return affinity()
 
 
 def probe(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """What this process sees: its node, rank and local rank, the CPUs it may run on, the
     CPUs per task the job asked for, its GPUs and the one the engine would take."""
-    local_rank = _first_int(env, "LOCAL_RANK", "SLURM_LOCALID") or 0
+    # The launcher's ranks (runtime.launchers): under torchrun or mpirun in an srun step,
+    # SLURM_PROCID is the node's task or its daemon's, not the rank.
+    launcher = launchers.detect(env)
+    local_rank = launcher.local_rank if launcher is not None else 0
     visible = visible_devices(env)
     return {
         "node": env.get("SLURMD_NODENAME") or socket.gethostname(),
-        # RANK first: under torchrun in an srun step, SLURM_PROCID is the node's task, not the rank.
-        "rank": _first_int(env, "RANK", "SLURM_PROCID") or 0,
+        "rank": launcher.rank if launcher is not None else 0,
         "local_rank": local_rank,
         "cpus": _cpus(),
-        "cpus_per_task": _first_int(env, "SLURM_CPUS_PER_TASK"),
+        "cpus_per_task": read_int(env, "SLURM_CPUS_PER_TASK"),
         "gpu_variable": device_variable(env),
         "visible_gpus": visible,
         "gpu": visible[device_index(local_rank, len(visible))] if visible else None,
@@ -89,10 +81,14 @@ def local_probes(n: int, env: Mapping[str, str] = os.environ) -> list[dict[str, 
     of the CPUs the launcher was given."""
     if n < 1:
         raise GuideError(f"--local {n}: give the number of processes the launcher starts here (1 or more)")
-    first = _first_int(env, "SLURM_PROCID") or 0  # a launcher per node: its task id is the node's index
+    first = read_int(env, "SLURM_PROCID") or 0  # a launcher per node: its task id is the node's index
     base = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID")}
-    probes = [probe({**base, "RANK": str(first * n + i), "LOCAL_RANK": str(i)}) for i in range(n)]
-    asked = _asked_per_process(SlurmJob.from_env(env), n)
+    job = SlurmJob.from_env(env)
+    # what torchrun would tell each of them (runtime.launchers reads it as torchrun's)
+    world = str(n * (max(job.num_nodes, 1) if job is not None else 1))
+    probes = [probe({**base, "RANK": str(first * n + i), "LOCAL_RANK": str(i), "WORLD_SIZE": world,
+                     "LOCAL_WORLD_SIZE": str(n)}) for i in range(n)]
+    asked = _asked_per_process(job, n)
     for p in probes:
         p.update(cpus_per_task=asked, local=True)
     return probes

@@ -2,8 +2,8 @@
 
 Training code asks a :class:`Dist` for its rank and world size, hands it the model and the
 optimizer to prepare, and averages metrics through it; it never branches on the backend.
-Who launched the processes (horovodrun, mpirun, srun, torchrun) is read from the
-environment, so the same command line works under each launcher.
+Who launched the processes (horovodrun, mpirun, srun, torchrun, ...) is read from the
+environment (``runtime.launchers``), so the same command line works under each launcher.
 
 >>> dist = init("none")
 >>> (dist.rank, dist.size, dist.is_root)
@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core.errors import GuideError
 from ..runtime.gpus import device_index
-from ..runtime.launch import require_launcher
+from ..runtime import launchers
 
 KINDS = ("none", "horovod", "ddp")
 GPU_BACKEND = "nccl"  # RCCL on ROCm builds of PyTorch, under the same name
@@ -166,7 +166,7 @@ def _pick_device(local_rank: int):
 
 
 def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Dist:
-    launcher, job = require_launcher("horovod")
+    launcher = launchers.require("horovod")  # read before hvd.init(), which may set MPI's own variables
     # Tensor fusion settings are read from the environment by hvd.init() (horovodrun's
     # --fusion-threshold-mb and --cycle-time-ms set the same variables).
     if fusion_threshold_mb is not None:
@@ -181,18 +181,14 @@ def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float
     if not hasattr(hvd, "init"):  # imported with a warning: the compiled extension was never built
         raise GuideError("Horovod was built without its PyTorch extension (installed before PyTorch, or without "
                          "HOROVOD_WITH_PYTORCH=1); rebuild it with scripts/setup.sh, or use --dist ddp")
-    # srun started each task itself (rather than mpirun or horovodrun under it): then the
-    # step's task count is the world Horovod must see. Read before hvd.init(), which may set
-    # OpenMPI's own variables.
-    direct_srun = job is not None and job.in_step and not any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK",
-                                                                                      "HOROVOD_RANK"))
     hvd.init()
-    if direct_srun and job.step_ntasks and hvd.size() != job.step_ntasks:
-        # srun's PMI plugin and the MPI Horovod was built with did not meet: each task alone.
-        size = hvd.size()
+    try:
+        # The world the launcher made is the one Horovod must see: where srun's PMI plugin
+        # and the MPI Horovod was built with do not meet, each task is alone.
+        launcher.check_world(hvd.size(), "Horovod")
+    except GuideError:
         hvd.shutdown()
-        raise GuideError(f"srun started {job.step_ntasks} tasks but Horovod sees {size}: the MPI Horovod was built "
-                         "with does not speak srun's PMI; try another --mpi= value (srun --mpi=list) or mpirun")
+        raise
     local_rank = hvd.local_rank()
     return Dist("horovod", hvd.rank(), hvd.size(), local_rank, hvd.local_size(), _pick_device(local_rank), hvd)
 
@@ -200,17 +196,16 @@ def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float
 def _init_ddp() -> Dist:
     import torch.distributed as tdist
 
-    launcher, job = require_launcher("ddp")
-    if launcher != "torchrun":
-        # Started by srun without torchrun: derive the rendezvous from the Slurm step.
-        os.environ.update({k: v for k, v in job.torch_distributed_env().items() if k not in os.environ})
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(max(job.tasks_per_node or [1])))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    launcher = launchers.require("ddp")
+    # What torch's env:// init reads and the launcher did not set (srun without torchrun:
+    # ranks from the step, the rendezvous port checked by rank 0 and agreed on).
+    launcher.export_torch_env()
+    local_rank = launcher.local_rank
     device = _pick_device(local_rank)
     tdist.init_process_group(backend=process_group_backend(device.type),
                              device_id=device if device.type == "cuda" else None)
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, local_size, device)
+    launcher.rendezvous_done()  # every rank has joined
+    return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, launcher.local_size, device)
 
 
 def init(kind: str = "none", *, fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Dist:

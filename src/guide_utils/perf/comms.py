@@ -117,10 +117,10 @@ def _fusion_bytes(text: str) -> int:
 
 def run_worker(args, message_sizes: list[int]) -> list[dict[str, Any]]:
     """This process is one worker of a launched job: measure, and return rank 0's rows."""
-    from ..runtime.launch import started_by
+    from ..runtime import launchers
 
-    launcher = started_by()
-    runtime = (args.runtime or [None])[0] or ("horovod" if launcher in ("horovodrun", "mpirun") else
+    launcher = launchers.detect()
+    runtime = (args.runtime or [None])[0] or ("horovod" if launcher.prefers("horovod") else
                                               "torch-nccl" if not unavailable("torch-nccl", 1, False) else "torch-gloo")
     horovod = runtime.startswith("horovod")
     if not horovod and (args.fusion_threshold is not None or args.cycle_time is not None):
@@ -131,7 +131,7 @@ def run_worker(args, message_sizes: list[int]) -> list[dict[str, Any]]:
         os.environ["HOROVOD_CYCLE_TIME"] = str(args.cycle_time)
     comm = connect(runtime)
     try:
-        rows = [meta(runtime=comm.label, workers=comm.size, launcher=launcher)]
+        rows = [meta(runtime=comm.label, workers=comm.size, launcher=launcher.started_by())]
         if "sizes" in args.experiments:
             rows += measure_sizes(comm, message_sizes, budget_bytes=parse_bytes(args.budget, "--budget"))
             if args.fp16:
@@ -159,8 +159,9 @@ def plan_lines(profile: str) -> list[str]:
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
-    from ..runtime.launch import started_by
+    from ..runtime import launchers
 
+    launched = launchers.detect() is not None  # read before a runtime's init adds variables
     args = build_parser().parse_args(argv)
     if args.show:
         print(format_rows(read_rows(args.show)))
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                           args.factor)
     if args.fusion_threshold is not None:
         _fusion_bytes(args.fusion_threshold)  # a bad value fails here, before anything starts
-    rows = run_worker(args, message_sizes) if started_by() else run_local(args, message_sizes)
+    rows = run_worker(args, message_sizes) if launched else run_local(args, message_sizes)
     if not rows:  # not rank 0
         return 0
     if args.record:
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         for r in rows:
             print(json.dumps(r), flush=True)
-    elif not (args.out and started_by()):
+    elif not (args.out and launched):
         print(format_rows(rows), flush=True)
     return 0
 

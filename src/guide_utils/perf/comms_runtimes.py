@@ -101,17 +101,16 @@ class TorchComm(Comm):
         import torch
         import torch.distributed as tdist
 
-        from ..runtime.launch import require_launcher
+        from ..runtime import launchers
 
-        launcher, job = require_launcher("ddp")
-        if launcher != "torchrun":  # srun without torchrun: rank and rendezvous from the Slurm step
-            os.environ.update({k: v for k, v in job.torch_distributed_env().items() if k not in os.environ})
+        launcher = launchers.require("ddp")
+        launcher.export_torch_env()  # what the launcher did not set (srun: ranks and rendezvous from the step)
         self._device = torch.device("cpu")
         if backend == "nccl":
-            local = int(os.environ.get("LOCAL_RANK", 0))
-            torch.cuda.set_device(local)
-            self._device = torch.device("cuda", local)
+            torch.cuda.set_device(launcher.local_rank)
+            self._device = torch.device("cuda", launcher.local_rank)
         tdist.init_process_group(backend=backend)
+        launcher.rendezvous_done()
         self.tdist, self.torch = tdist, torch
         self.rank, self.size = tdist.get_rank(), tdist.get_world_size()
         self.label = f"torch-{backend}"

@@ -24,9 +24,6 @@ from typing import Any
 
 from ..core.errors import GuideError
 
-LAUNCHED = {"horovodrun": "horovod", "mpirun": "horovod", "torchrun": "ddp"}
-
-
 @dataclass(frozen=True)
 class Setup:
     name: str
@@ -76,13 +73,14 @@ def command(setup: Setup, base_flags: list[str], results: Path) -> list[list[str
     if setup.start == "independent":
         return [[sys.executable, "-m", "guide_utils.train", *flags, "--run-name", f"independent-{i}"]
                 for i in range(setup.workers)]
-    if setup.start not in LAUNCHED:
+    if setup.start not in launch.LAUNCHERS:
         raise GuideError(f"setup {setup.name}: unknown start {setup.start!r}")
-    argv = launch.command(setup.start, setup.workers, "guide_utils.train", [*flags, "--dist", LAUNCHED[setup.start]])
-    if setup.start == "mpirun":  # hand the setup's variables to every rank explicitly
-        for key, _ in setup.env:
-            argv[1:1] = ["-x", key]
-    return [argv]
+    from ..runtime import launchers
+
+    dist = launchers.backend_of(setup.start)  # the launcher's usual backend: Horovod or DDP
+    # the setup's variables reach every worker (mpirun passes only those it is told)
+    return [launch.command(setup.start, setup.workers, "guide_utils.train", [*flags, "--dist", dist],
+                           forward=[key for key, _ in setup.env])]
 
 
 def throughput(setup: Setup, base_flags: list[str], *, timeout: float = 900) -> float:

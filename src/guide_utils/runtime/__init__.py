@@ -1,6 +1,8 @@
-"""The runtime layer, above core: what the launcher and the node tell a process. The Slurm
-job as a process sees it (``slurm``: job variables, node lists, the rendezvous) and which
-launcher started it, with the checks that it was started as the chosen backend needs
-(``launch``); which GPUs it sees and which one a rank takes (``gpus``); and the one way
-of starting a launcher, several workers or a tool on this machine, printing the command a
-reader would type (``local``)."""
+"""The runtime layer, above core: what the launcher and the node tell a process. Which
+launcher started it and what that launcher says (``launchers``: one class per launcher,
+ranks, world, main address, GPUs, CPUs, the backends it can start); the Slurm job as a
+process sees it (``slurm``: job variables, node lists); the rendezvous port, derived from
+the job id, checked on the main node and agreed on (``rendezvous``); which GPUs it sees
+and which one a rank takes (``gpus``); command lines for the local launchers
+(``launch``); and the one way of starting a launcher, several workers or a tool on this
+machine, printing the command a reader would type (``local``)."""

@@ -20,14 +20,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ..core.errors import GuideError
+from . import launchers
 
-LAUNCHERS = ("horovodrun", "mpirun", "torchrun")
-# Variables by which MPI process managers announce a rank: OpenMPI's mpirun, MPICH/Intel
-# MPI's hydra and srun's pmi2 plugin (PMI_RANK), srun's pmix plugin and OpenMPI 5 (PMIX_RANK).
-MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+LAUNCHERS = ("horovodrun", "mpirun", "torchrun")  # the ones :func:`command` starts on this machine
 BIN = Path(sys.executable).parent
 
 
@@ -35,7 +33,8 @@ def started_by(env: Mapping[str, str] | None = None) -> str | None:
     """Which launcher started this process: ``horovodrun``, ``mpirun`` (any MPI process
     manager, srun with an MPI plugin included), ``torchrun`` (or whoever set torch.distributed's
     RANK and WORLD_SIZE the way it does), ``srun`` (a task of an srun step without MPI), or
-    None (a plain process, or the batch script itself).
+    None (a plain process, or the batch script itself). A name to print or record: code
+    that needs to know what a launcher can do asks ``runtime.launchers.detect`` instead.
 
     >>> started_by({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) is None  # the batch script
     True
@@ -44,52 +43,22 @@ def started_by(env: Mapping[str, str] | None = None) -> str | None:
     >>> started_by({"OMPI_COMM_WORLD_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"})  # an MPI engine running DDP
     'torchrun'
     """
-    env = os.environ if env is None else env
-    if "HOROVOD_RANK" in env:
-        return "horovodrun"
-    # Before MPI's variables: processes that torchrun started under mpirun or srun --mpi
-    # inherit those too, and so do ipyparallel's MPI engines, which get torchrun's
-    # variables for a DDP run (guide_utils.cluster.interactive).
-    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
-        return "torchrun"
-    if any(v in env for v in MPI_RANK_VARS):
-        return "mpirun"
-    if "SLURM_STEP_ID" in env:
-        return "srun"
-    return None
+    launcher = launchers.detect(env)
+    return launcher.started_by() if launcher is not None else None
 
 
 def require_launcher(dist: str, env: Mapping[str, str] | None = None):
     """``(launcher, slurm job)`` for a ``--dist`` run, or a GuideError when no launcher that
     can start one started this process (the batch script itself, a plain ``python``, or
-    srun without an MPI plugin for Horovod)."""
-    from .slurm import SlurmJob
-
-    launcher = started_by(env)
-    job = SlurmJob.from_env(env)
-    usable = {"horovod": ("horovodrun", "mpirun", "srun"), "ddp": ("torchrun", "srun"),
-              "mwms": ("srun",) if job is not None else ()}[dist]
-    if launcher in usable and not (dist == "horovod" and launcher == "srun" and (job.step_ntasks or 1) > 1):
-        return launcher, job
-    if dist == "horovod" and launcher == "srun":
-        # srun without an MPI plugin: every task would become its own one-process Horovod job.
-        raise GuideError(f"srun started {job.step_ntasks} tasks without an MPI plugin, so Horovod would run "
-                         f"{job.step_ntasks} separate one-process jobs; use srun --mpi=pmix (see srun --mpi=list) "
-                         "or mpirun")
-    how, what = {"horovod": ("srun --mpi=pmix (the site's GUIDE_SRUN_MPI), mpirun or horovodrun", "would train alone"),
-                 "ddp": ("srun or torchrun", "would wait for ranks that never come"),
-                 "mwms": ("srun, one task per worker", "would wait for workers that never come")}[dist]
-    if job is not None:  # the batch script itself: SLURM_PROCID=0 is set there too
-        raise GuideError(f"--dist {dist} was started directly in the batch script of job {job.job_id} and "
-                         f"{what}; launch it with {how}")
-    example = {"horovod": "horovodrun -np 2 python -m guide_utils.train ...",
-               "ddp": "torchrun --nproc-per-node 2 -m guide_utils.train ..."}.get(dist, "")
-    raise GuideError(f"--dist {dist} needs a launcher: start it with {how}" + (f", e.g. {example}" if example else "")
-                     + " (or use --dist none for one process)")
+    srun without an MPI plugin for Horovod): ``runtime.launchers.require`` by name."""
+    launcher = launchers.require(dist, env)
+    return launcher.started_by(), launcher.job
 
 
-def command(launcher: str, workers: int, module: str, args: list[str]) -> list[str]:
-    """The argv that starts ``workers`` copies of ``python -m module args``."""
+def command(launcher: str, workers: int, module: str, args: list[str], forward: Sequence[str] = ()) -> list[str]:
+    """The argv that starts ``workers`` copies of ``python -m module args``; ``forward``:
+    the names of variables every worker must get from the caller's environment (mpirun
+    passes only those it is told to its ranks; the other launchers pass them all)."""
     python = [sys.executable, "-m", module, *args]
     if launcher == "horovodrun":
         lo = ["--network-interface", loopback_interface() or "lo"]
@@ -98,7 +67,8 @@ def command(launcher: str, workers: int, module: str, args: list[str]) -> list[s
         mpirun = shutil.which("mpirun")
         if mpirun is None:
             raise GuideError("mpirun not found; install OpenMPI (apt-get install openmpi-bin) or use horovodrun")
-        return [mpirun, "-np", str(workers), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
+        passed = [a for name in forward for a in ("-x", name)]
+        return [mpirun, *passed, "-np", str(workers), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
                 "-x", "OMP_NUM_THREADS", *python]
     if launcher == "torchrun":
         return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(workers), "-m", module, *args]

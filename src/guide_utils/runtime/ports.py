@@ -2,8 +2,9 @@
 
 A job started by hand (two ranks of a pitfall, ipyparallel engines trained with DDP, the
 test's own Slurm daemons) needs a port nobody else holds: the kernel picks one when a
-socket binds to port 0. (A Slurm job's rendezvous port is a different matter: every rank
-must compute the same one without talking, from the job id; see ``runtime.slurm``.)
+socket binds to port 0. (A batch job's rendezvous port is a different matter: every rank
+must name the same one, derived from the job id and checked on the main node; see
+``runtime.rendezvous``.)
 
 >>> a, b = free_ports(2)
 >>> a != b and 0 < a < 65536

@@ -2,8 +2,9 @@
 
 Slurm describes a job through ``SLURM_*`` variables. Every launcher this guide uses (srun,
 mpirun, horovodrun, torchrun) needs some of them translated: the node list expanded, the
-first node chosen as rendezvous host, a port that two jobs sharing a node will not both
-pick. That translation lives here, once.
+first node chosen as rendezvous host, the port derived from the job id (checked where it
+is used: ``runtime.rendezvous``). That translation lives here, once; what each launcher
+makes of it, in ``runtime.launchers``.
 
 >>> job = SlurmJob.from_env({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[01-02]",
 ...                          "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4"})
@@ -25,24 +26,29 @@ import hostlist
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 
-# Rendezvous ports are taken from 20000-29999: above the well-known and registered ports
-# most services use, below Linux's ephemeral range (32768-60999) where the kernel hands out
-# client ports, and wide enough that job ids rarely collide on a shared node.
-PORT_BASE = 20000
-PORT_SPAN = 10000
+from .rendezvous import PORT_BASE, PORT_SPAN, checked_port, derived_port  # noqa: F401 - PORT_*: the scheme's range
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    value = env.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise GuideError(f"{name}={value!r} is not an integer; is the job environment intact?") from None
+def read_int(env: Mapping[str, str], *names: str) -> int | None:
+    """The value of the first of ``names`` that is set (and not empty) in ``env``, as an
+    integer; None when none is. The one parser of the ranks and counts launchers export.
+
+    >>> read_int({"RANK": "", "SLURM_PROCID": " 3"}, "RANK", "SLURM_PROCID")
+    3
+    """
+    for name in names:
+        value = env.get(name, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise GuideError(f"{name}={value!r} is not an integer; is the job environment intact?") from None
+    return None
 
 
-def _tasks_per_node(value: str | None) -> list[int]:
+
+
+def expand_per_node(value: str | None) -> list[int]:
     """Expand Slurm's compressed per-node counts: '4(x2),2' -> [4, 4, 2]."""
     if not value:
         return []
@@ -102,28 +108,28 @@ class SlurmJob:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "SlurmJob | None":
         """Read the job from ``env`` (default ``os.environ``); ``None`` outside a job."""
         env = os.environ if env is None else env
-        job_id = _int(env, "SLURM_JOB_ID")
+        job_id = read_int(env, "SLURM_JOB_ID")
         if job_id is None:
             return None
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
         nodes = hostlist.expand_hostlist(nodelist) if nodelist else []
-        per_node = _tasks_per_node(env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE"))
+        per_node = expand_per_node(env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE"))
         if len(per_node) == 1 and len(nodes) > 1:
             per_node = per_node * len(nodes)  # --ntasks-per-node gives one number for all nodes
-        ntasks = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS") or sum(per_node) or 1
+        ntasks = read_int(env, "SLURM_NTASKS") or read_int(env, "SLURM_NPROCS") or sum(per_node) or 1
         return cls(
             job_id=job_id,
             nodes=nodes,
             ntasks=ntasks,
             tasks_per_node=per_node,
-            cpus_per_task=_int(env, "SLURM_CPUS_PER_TASK"),
+            cpus_per_task=read_int(env, "SLURM_CPUS_PER_TASK"),
             gpus_per_node=_gpus_per_node(env),
-            procid=_int(env, "SLURM_PROCID"),
-            localid=_int(env, "SLURM_LOCALID"),
-            nodeid=_int(env, "SLURM_NODEID"),
-            array_task_id=_int(env, "SLURM_ARRAY_TASK_ID"),
-            step_id=_int(env, "SLURM_STEP_ID"),
-            step_ntasks=_int(env, "SLURM_STEP_NUM_TASKS"),
+            procid=read_int(env, "SLURM_PROCID"),
+            localid=read_int(env, "SLURM_LOCALID"),
+            nodeid=read_int(env, "SLURM_NODEID"),
+            array_task_id=read_int(env, "SLURM_ARRAY_TASK_ID"),
+            step_id=read_int(env, "SLURM_STEP_ID"),
+            step_ntasks=read_int(env, "SLURM_STEP_NUM_TASKS"),
             step_nodes=hostlist.expand_hostlist(env["SLURM_STEP_NODELIST"]) if env.get("SLURM_STEP_NODELIST") else [],
         )
 
@@ -145,30 +151,12 @@ class SlurmJob:
 
     @property
     def master_port(self) -> int:
-        """A port derived from the job id, so two jobs sharing a node do not collide."""
-        return PORT_BASE + self.job_id % PORT_SPAN
+        """The port derived from the job id, so that two jobs sharing a node rarely collide;
+        unchecked (``runtime.rendezvous`` checks it where the server will listen)."""
+        return derived_port(self.job_id)
 
     def rendezvous(self) -> tuple[str, int]:
         return self.master_addr, self.master_port
-
-    def torch_distributed_env(self) -> dict[str, str]:
-        """The variables torch.distributed's ``env://`` init reads, for a task started by srun.
-
-        torchrun sets these itself; under ``srun python train.py`` nobody does, which is why
-        tasks otherwise hang waiting for a rendezvous that never comes. The world is the
-        step's tasks (a step may use fewer than the job has), meeting on the step's first node.
-        """
-        if not self.in_step or self.procid is None:
-            raise GuideError("not an srun task (SLURM_STEP_ID is unset: this is the batch script itself); "
-                             "start the training with srun or torchrun")
-        addr = self.step_nodes[0] if self.step_nodes else self.master_addr
-        return {
-            "MASTER_ADDR": addr,
-            "MASTER_PORT": str(self.master_port),
-            "WORLD_SIZE": str(self.step_ntasks or self.ntasks),
-            "RANK": str(self.procid),
-            "LOCAL_RANK": str(self.localid if self.localid is not None else 0),
-        }
 
 
 # What Slurm's clients need to find the cluster: kept when submitting from inside a job.
@@ -213,20 +201,35 @@ def without_outer_job(command: list[str], env: Mapping[str, str] | None = None) 
     return ["env", *(a for name in dropped for a in ("-u", name)), *command] if dropped else list(command)
 
 
+def on_first_node(job: SlurmJob, env: Mapping[str, str]) -> bool:
+    """Whether this process runs on the job's first node (where the batch script runs and a
+    rendezvous server listens). Slurm names the node in SLURMD_NODENAME; the host name is
+    the fallback (several test nodes may share one host, so it is not the first choice)."""
+    import socket
+
+    here = env.get("SLURMD_NODENAME") or socket.gethostname()
+    return bool(job.nodes) and job.nodes[0] in (here, here.split(".")[0])
+
+
 @one_line_errors("python -m guide_utils rendezvous")
 def rendezvous_main(argv: list[str] | None = None) -> int:
     """``python -m guide_utils rendezvous``: print ``HOST:PORT`` for this job's rendezvous.
 
     For launchers that need it on their command line (``torchrun --rdzv-endpoint``), run in
-    the batch script; every node computes the same answer without talking to the others.
+    the batch script, on the first node: the port derived from the job id if nothing holds
+    it there, else a free one (``runtime.rendezvous``). The script hands the answer to every
+    node, so they agree without talking.
     """
     ArgumentParser(prog="python -m guide_utils rendezvous",
-                   description="Print HOST:PORT of this Slurm job's rendezvous (the first node, a port from the "
-                               "job id); it reads SLURM_JOB_ID and SLURM_JOB_NODELIST and takes no arguments."
+                   description="Print HOST:PORT of this Slurm job's rendezvous: the first node, and the port "
+                               "derived from the job id (20000 + id mod 10000), or a free one when something on "
+                               "the first node holds it. Run it in the batch script; it takes no arguments."
                    ).parse_args(argv)
     job = SlurmJob.from_env()
     if job is None:
         raise GuideError("not inside a Slurm job (SLURM_JOB_ID is unset); run it in an sbatch script")
     host, port = job.rendezvous()
+    if on_first_node(job, os.environ):  # elsewhere (a login node) the port cannot be checked
+        port = checked_port(port)
     print(f"{host}:{port}")
     return 0

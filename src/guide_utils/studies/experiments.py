@@ -312,12 +312,10 @@ def plan_table(name: str, profile: str, chosen: list[tuple[int, PlannedRun, str]
 
 
 def _world_size() -> int:
-    import os
+    from ..runtime import launchers
 
-    for var in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
-        if os.environ.get(var):
-            return int(os.environ[var])
-    return 1
+    launcher = launchers.detect()
+    return launcher.world_size if launcher is not None else 1
 
 
 @dataclass(frozen=True)
@@ -392,6 +390,7 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
     rank 0's line per epoch.
     """
     from ..runtime import launch as _launch
+    from ..runtime import launchers
     from ..core.records import read_runs
 
     [(i, run, command)] = plan(name, profile, index)
@@ -399,10 +398,10 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
         raise GuideError(f"{name} run {i} is {run.copies} separate jobs, not one launch; start them as: {command}")
     if run.workers == 1:  # no progress bar in a notebook
         return execute(name, profile, index, results_dir=results_dir, progress=False, quiet=quiet)["record"].iloc[0]
-    launcher = launcher or ("torchrun" if run.settings["dist"] == "ddp" else "horovodrun")
-    if (launcher == "torchrun") != (run.settings["dist"] == "ddp"):
-        raise GuideError(f"{name} run {i} uses --dist {run.settings['dist']}: launch it with "
-                         f"{'torchrun' if run.settings['dist'] == 'ddp' else 'horovodrun or mpirun'}")
+    able = launchers.starting(run.settings["dist"])  # the local launchers for its backend, usual one first
+    launcher = launcher or able[0]
+    if launcher not in able:
+        raise GuideError(f"{name} run {i} uses --dist {run.settings['dist']}: launch it with {' or '.join(able)}")
     before = {r.path for r in read_runs(results_dir)} if Path(results_dir).is_dir() else set()
     _launch.run(launcher, run.workers, "guide_utils",
                 ["experiments", "run", name, "--profile", profile, "--index", str(i),

@@ -102,15 +102,16 @@ def init(kind: str) -> TFDist:
 def _init_horovod() -> TFDist:
     import tensorflow as tf
 
-    from ..runtime.launch import require_launcher
+    from ..runtime import launchers
 
-    require_launcher("horovod")
+    launcher = launchers.require("horovod")
     try:
         import horovod.tensorflow.keras as hvd
     except ImportError as exc:
         raise GuideError(f"Horovod's TensorFlow support is missing ({exc}); rebuild Horovod with "
                          "HOROVOD_WITH_TENSORFLOW=1 (scripts/setup.sh does), or use --dist mwms") from None
     hvd.init()
+    launcher.check_world(hvd.size(), "Horovod")
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
@@ -125,12 +126,12 @@ def _init_mwms() -> TFDist:
 
     import tensorflow as tf
 
-    from ..runtime.launch import require_launcher
+    from ..runtime import launchers
 
     if "TF_CONFIG" in os.environ:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     else:
-        _, job = require_launcher("mwms")
+        job = launchers.require("mwms").job
         # Each task gets port_base + its index on the node; the base follows the job id,
         # like the PyTorch rendezvous, so two jobs sharing a node do not collide.
         if job.gpus_per_node:

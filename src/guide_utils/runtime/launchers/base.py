@@ -1,0 +1,204 @@
+"""What every launcher environment answers, and the answers most of them share.
+
+A subclass names its launcher, the variables in which that launcher tells a process its
+rank, world size, local rank, local size and node rank (the first one set wins; read by
+:func:`..slurm.read_int`, the one parser), and how it is told apart from the others
+(:meth:`Launcher.detect`, checked in ``priority`` order: a lower number first, so that a
+launcher started inside another is found before the outer one). Defining the subclass
+registers it; ``runtime.launchers`` imports every module of its package.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar, Mapping
+
+from ...core.errors import GuideError
+from .. import rendezvous
+from ..gpus import device_index, visible_devices
+from ..slurm import SlurmJob, read_int
+
+BACKENDS = ("horovod", "ddp", "mwms")  # the --dist values that need a launcher
+
+
+def affinity() -> list[int]:
+    """The CPUs this process may run on (its affinity; every CPU where it cannot be read)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux only
+    return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
+
+
+class Launcher:
+    """The environment a launcher gave this process (``env``, default ``os.environ``)."""
+
+    name: ClassVar[str] = ""  # as a reader types it; "" for a base class
+    priority: ClassVar[int] = 100
+    unit: ClassVar[str] = "processes"  # what it starts, in its own documentation's word
+    family: ClassVar[str] = ""  # what runtime.launch.started_by reports ("" : the name)
+    backends: ClassVar[tuple[str, ...]] = ()  # the --dist values it can start, the usual one first
+    RANK: ClassVar[tuple[str, ...]] = ()
+    SIZE: ClassVar[tuple[str, ...]] = ()
+    LOCAL_RANK: ClassVar[tuple[str, ...]] = ()
+    LOCAL_SIZE: ClassVar[tuple[str, ...]] = ()
+    NODE_RANK: ClassVar[tuple[str, ...]] = ()
+    ADDRESS: ClassVar[tuple[str, ...]] = ()  # where the launcher put its own rendezvous, if it did
+    PORT: ClassVar[tuple[str, ...]] = ()
+    SUBMIT_DIR: ClassVar[tuple[str, ...]] = ("SLURM_SUBMIT_DIR",)  # shared by the nodes, where the job was submitted
+    registry: ClassVar[list[type["Launcher"]]] = []
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):
+            if any(c.name == cls.name for c in Launcher.registry):
+                raise TypeError(f"two launchers named {cls.name!r}")
+            Launcher.registry.append(cls)
+            Launcher.registry.sort(key=lambda c: (c.priority, c.name))
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        # A copy: what the launcher said, before a runtime's init adds its own variables.
+        self.env = dict(os.environ if env is None else env)
+        self.job = SlurmJob.from_env(self.env)
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """Whether this launcher started the process whose environment is ``env``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.world_size}>"
+
+    # -- ranks ------------------------------------------------------------------------------
+    def _read(self, names: tuple[str, ...]) -> int | None:
+        return read_int(self.env, *names)
+
+    @property
+    def rank(self) -> int:
+        return self._read(self.RANK) or 0
+
+    @property
+    def world_size(self) -> int:
+        return self._read(self.SIZE) or 1
+
+    @property
+    def local_rank(self) -> int:
+        return self._read(self.LOCAL_RANK) or 0
+
+    @property
+    def local_size(self) -> int:
+        """Processes of this job on this node (1 when the launcher does not say)."""
+        return self._read(self.LOCAL_SIZE) or 1
+
+    @property
+    def node_rank(self) -> int:
+        """This node's index among the job's nodes."""
+        node = self._read(self.NODE_RANK)
+        return node if node is not None else self.rank // max(self.local_size, 1)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # -- rendezvous -------------------------------------------------------------------------
+    @property
+    def main_address(self) -> str | None:
+        """The host of rank 0, where a rendezvous server listens (None: cannot be told)."""
+        given = next((self.env[n] for n in self.ADDRESS if self.env.get(n)), None)
+        if given:
+            return given
+        if self.job is not None and (self.job.step_nodes or self.job.nodes):
+            return (self.job.step_nodes or self.job.nodes)[0]
+        return None
+
+    @property
+    def job_id(self) -> int | None:
+        return self.job.job_id if self.job is not None else None
+
+    def rendezvous_key(self) -> str:
+        """Names this run of the job's step: the announcement file's name (runtime.rendezvous)."""
+        step = self.job.step_id if self.job is not None and self.job.step_id is not None else "batch"
+        return f"{self.job_id}.{step}.{self.env.get('SLURM_RESTART_COUNT', '0')}"
+
+    def main_port(self) -> int | None:
+        """The port of the rendezvous: the launcher's own, else the job id's (checked by rank 0
+        and announced to the others: ``runtime.rendezvous.agree``). None outside a batch job."""
+        given = self._read(self.PORT) if self.PORT else None
+        if given is None:
+            given = read_int(self.env, "MASTER_PORT")  # the batch script's or the user's choice
+        if given is not None:
+            return given
+        if self.job_id is None:
+            return None
+        return rendezvous.agree(self.announce_file(), rendezvous.derived_port(self.job_id), self.is_main)
+
+    def announce_file(self):
+        """Where the main rank announces the port it chose (``runtime.rendezvous``)."""
+        return rendezvous.announce_file(self.env, self.SUBMIT_DIR, self.rendezvous_key())
+
+    def rendezvous_done(self) -> None:
+        """Every rank has joined: the main rank removes its announcement (if it made one)."""
+        if self.is_main and self.job_id is not None:
+            rendezvous.release(self.announce_file())
+
+    def torch_env(self) -> dict[str, str]:
+        """The variables torch.distributed's ``env://`` init reads, for those the launcher
+        did not set itself (an empty dict when it set them all)."""
+        wanted = {"RANK": lambda: self.rank, "WORLD_SIZE": lambda: self.world_size,
+                  "LOCAL_RANK": lambda: self.local_rank, "LOCAL_WORLD_SIZE": lambda: self.local_size,
+                  "MASTER_ADDR": lambda: self.main_address, "MASTER_PORT": self.main_port}
+        out = {}
+        for name, answer in wanted.items():  # only what is missing: main_port may wait for rank 0
+            if not self.env.get(name):
+                value = answer()
+                if value is None:
+                    raise GuideError(f"{self.name} does not say {name} and it cannot be derived; export "
+                                     f"{name} before starting the job")
+                out[name] = str(value)
+        return out
+
+    def export_torch_env(self) -> None:
+        """Put :meth:`torch_env` into ``os.environ`` (where torch and the engine read it)."""
+        os.environ.update({k: v for k, v in self.torch_env().items() if k not in os.environ})
+
+    # -- the node's share -------------------------------------------------------------------
+    def gpus(self) -> list[str] | None:
+        """The GPUs this process may use, as its device list names them (``runtime.gpus``);
+        None when no list is set (it sees every GPU of the node)."""
+        return visible_devices(self.env)
+
+    def gpu(self) -> str | None:
+        """The GPU of ``gpus()`` this rank takes (``runtime.gpus.device_index``), or None."""
+        visible = self.gpus()
+        return visible[device_index(self.local_rank, len(visible))] if visible else None
+
+    def cpus(self) -> list[int]:
+        """The CPUs this process may run on (:func:`affinity`)."""
+        return affinity()
+
+    def cpus_asked(self) -> int | float | None:
+        """The CPUs the job asked for this process (Slurm's --cpus-per-task), None if unknown."""
+        return self.job.cpus_per_task if self.job is not None else None
+
+    # -- what it can start ------------------------------------------------------------------
+    def can_start(self, dist: str) -> bool:
+        return dist in self.backends
+
+    def not_startable(self, dist: str) -> str | None:
+        """Why this launcher cannot start ``dist`` where that needs more than the general
+        message (``runtime.launchers.require``), else None."""
+        return None
+
+    def prefers(self, dist: str) -> bool:
+        """Whether ``dist`` is the usual backend under this launcher."""
+        return bool(self.backends) and self.backends[0] == dist
+
+    def started_by(self) -> str:
+        return self.family or self.name
+
+    def check_world(self, seen: int, runtime: str) -> None:
+        """Raise a one-line error when ``runtime`` sees another world than the launcher made
+        (where the launcher says how many it made)."""
+        if self._read(self.SIZE) is not None and seen != self.world_size:
+            raise GuideError(f"{self.name} started {self.world_size} {self.unit} but {runtime} sees {seen}: "
+                             f"{self.world_mismatch_hint()}")
+
+    def world_mismatch_hint(self) -> str:
+        return "the runtime and the launcher do not speak the same process manager"
