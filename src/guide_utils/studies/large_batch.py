@@ -41,7 +41,8 @@ the first thread count), then every point at every thread count, appending one r
 as it finishes (``--jobs`` cores kept busy; ``--resume`` finishes an interrupted file).
 ``summary FILE.csv`` prints each point's median, worst run and how many runs ended near
 the baseline (at most half above its median error: ``study.TOLERANCE``).
-The CSV's first line says when, on what, with which thread counts, from which commit and with which versions it was made.
+The CSV's first line says when, on what, with which thread counts, from which commit and
+with which versions it was made.
 """
 
 from __future__ import annotations
