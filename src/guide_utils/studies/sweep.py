@@ -20,7 +20,8 @@ and appends its row to the CSV as it finishes (``--resume`` finishes an interrup
 the baseline (at most half above its median error: ``study.TOLERANCE``). The thread count
 is part of the recording because near the edge of stability the order of floating-point
 sums decides some runs (see ``studies.workers``). On two otherwise idle CPU cores a k = 1
-run takes 30 to 45 s and the others 10 to 15 s; the ``seconds`` column records each run's wall time under whatever else the machine was doing.
+run takes 30 to 45 s and the others 10 to 15 s; the ``seconds`` column records each run's
+wall time under whatever else the machine was doing.
 """
 
 from __future__ import annotations
