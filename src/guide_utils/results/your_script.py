@@ -242,19 +242,20 @@ def _runs(lines: list[Line], new: list[str]) -> list[list[Line]]:
     return runs
 
 
-def diff_text(name: str, idea: str | None = None) -> str:
+def diff_text(name: str, idea: str | Sequence[str] | None = None) -> str:
     """The changes of version ``name`` as a unified diff: each run of changed lines with the
     lines next to it when they are unchanged, under a header that names its line and, as
-    git's does, the statement it is in; with ``idea``, only that idea's lines (comments
-    included, blank lines left out)."""
+    git's does, the statement it is in; with ``idea`` (one, or several), only that idea's
+    lines (comments included, blank lines left out)."""
     _, new, opcodes = _sources(name)
     changed = {j for _, _, _, j1, j2 in opcodes for j in range(j1, j2)}
     lines = changes(name)
+    wanted = (idea,) if isinstance(idea, str) else idea
     out = [f"--- {VERSIONS[name]}", f"+++ {name}"]
     for block, (_, _, _, j1, _) in enumerate(opcodes):
         mine = [line for line in lines if line.block == block
-                and (idea is None or (line.idea == idea and line.text.strip()))]
-        for run in _runs(mine, new) if idea else [mine] if mine else []:
+                and (wanted is None or (line.idea in wanted and line.text.strip()))]
+        for run in _runs(mine, new) if wanted else [mine] if mine else []:
             plus = [line.number - 1 for line in run if line.sign == "+"] or [j1]
             before = [j for j in range(plus[0] - 1, -1, -1) if new[j].strip()][:1]
             after = [j for j in range(plus[-1] + 1, len(new)) if new[j].strip()][:1]
@@ -269,8 +270,8 @@ def diff_text(name: str, idea: str | None = None) -> str:
     return "\n".join(out)
 
 
-def show(idea: str | None = None, names: Sequence[str] = FIRST):
-    """The changes of ``idea`` (None: all of them) in each version, as Markdown diff blocks
+def show(idea: str | Sequence[str] | None = None, names: Sequence[str] = FIRST):
+    """The changes of ``idea`` (one or several; None: all of them) in each version, as Markdown diff blocks
     for a notebook (``IPython.display``); a version without such a change says so."""
     from IPython.display import Markdown
 
