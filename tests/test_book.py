@@ -108,7 +108,7 @@ def test_html_shows_the_executed_output(built_book):
         "verdict: the guide's conclusions hold on this machine" in page
     # chapter 6: the recorded sweep's figure with each point's median, worst run and count under it
     page = (built_book / "html" / "notebooks" / "06_learning_rate_warmup.html").read_text()
-    assert "k=32   linear+warmup" in page and "worst" in page and "within 1 point(s)" in page
+    assert "k=32   linear+warmup" in page and "worst" in page and "near the baseline (&lt;= 1.26 %)" in page
     assert "measured 20" in page
     assert page.count("<img") >= 2  # the schedules and the quality figure
 

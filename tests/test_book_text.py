@@ -161,3 +161,23 @@ def test_the_slurm_page_states_the_pinned_pytorch_s_gpu_kernels_as_they_are():
     arch = [a for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
     assert said.groups() == (torch.__version__.split("+")[0], torch.version.cuda, arch[0], arch[-1])
     assert "sm_70" not in arch and "sm_80" in arch and "sm_90" in arch  # V100 out, A100 and H100 in
+
+
+def test_day_ones_cost_example_is_the_shipped_arrays_and_the_planners_output(capsys):
+    """book/day_one.md once priced "eight tasks of four GPUs" where the shipped arrays are three
+    tasks of two nodes: its example is read back against the sbatch files and the planner."""
+    from guide_utils.perf import planner
+
+    text = (REPO / "book" / "day_one.md").read_text(encoding="utf-8")
+    for name in ("04_naive_scaling", "05_linear_scaling_rule", "06_learning_rate_warmup"):
+        sbatch = (REPO / "slurm_examples" / f"{name}.sbatch").read_text()
+        assert "#SBATCH --array=0-2" in sbatch and "#SBATCH --nodes=2" in sbatch, name
+        assert "PER_WORKER_BATCHES=(32 64 128)" in sbatch, name
+    flat = " ".join(text.split())
+    assert "three tasks (per-worker batches 32, 64 and 128) of two nodes each" in flat
+    assert "three such tasks for 40 hours each are 960 GPU-hours" in flat and 3 * 8 * 40 == 960
+    command = re.search(r"python -m guide_utils plan (.*?)\n# \.\.\.", text, re.S).group(1)
+    assert planner.main(command.replace("\\\n", " ").split()) == 0
+    printed = capsys.readouterr().out
+    said = re.findall(r"^# ((?:training|cost): .*)$", text, re.M)
+    assert len(said) == 2 and all(line in printed for line in said), printed

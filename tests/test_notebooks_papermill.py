@@ -39,7 +39,7 @@ EXPECTED = {
                            "--channels-last --amp bf16 --compile"],
     "13_beyond_linear_scaling": ["06_learning_rate_warmup.sbatch --nodes=64 --array=0 -- --optimizer lars",
                                  "--optimizer lamb --lr-scaling sqrt", "global batch 8192"],
-    "14_pitfalls": ["every pitfall is reproduced at laptop scale", "--kill-on-bad-exit=1"],
+    "14_pitfalls": ["pitfalls 1 to 7 reproduced at laptop scale", "--kill-on-bad-exit=1"],
     "15_containers": ["--gpus-per-node=4", "apptainer_env.sh apptainer exec", "--cleanenv --nv -B"],
     # the walk's global batch on half the GPUs: the same batch, rate and steps per epoch
     "17_next_steps": ["32 worker(s) x 128 = global batch 4096\n", "16 worker(s) x 128 x 2 accumulation steps = "

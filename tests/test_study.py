@@ -22,12 +22,32 @@ def _runs(values: dict) -> pd.DataFrame:
 
 def test_outcomes_show_the_median_the_worst_run_and_how_many_stayed_close():
     table = _runs({(1, "baseline"): [1.0, 1.2, 1.1], (32, "linear+warmup"): [1.5, 1.9, 7.55, 1.3, 2.2]})
-    out = study.outcomes(table, ["k", "method"], reference=1.1).set_index("method")
-    lw = out.loc["linear+warmup"]
+    out = study.outcomes(table, ["k", "method"], reference=1.1)
+    lw = out.set_index("method").loc["linear+warmup"]
     assert (lw["runs"], lw["median"], lw["best"], lw["worst"]) == (5, 1.9, 1.3, 7.55)
-    assert lw["within"] == 3  # 1.5, 1.9 and 1.3 are within 1 point of 1.1; 7.55 and 2.2 are not
-    line = study.format_outcomes(out.reset_index())
-    assert "k=32   linear+warmup   median   1.90 %  worst   7.55 %   3 of 5 within 1 point(s)" in line
+    # near: at most half above the baseline's median, 1.65; 1.9, 7.55 and 2.2 are not
+    assert lw["limit"] == pytest.approx(1.65) and lw["within"] == 2
+    line = study.format_outcomes(out)
+    assert "k=32   linear+warmup   median   1.90 %  worst   7.55 %   2 of 5 near the baseline (<= 1.65 %)" in line
+
+
+def test_outcomes_are_relative_to_the_baseline_and_group_by_any_declared_columns():
+    """The old test, ``<= median + 1 point``, called a run at 1.84 % near a baseline of 0.84 %:
+    more than twice its error. The limit scales with the baseline, and the summary groups by
+    whatever columns the study declares (``threads`` here), in the study's method order."""
+    small = _runs({(1, "baseline"): [0.8, 0.84, 0.9], (4, "naive"): [1.2, 1.3, 1.84]})
+    naive = study.outcomes(small, ["k", "method"], reference=0.84).set_index("method").loc["naive"]
+    assert naive["limit"] == pytest.approx(1.26) and naive["within"] == 1
+    table = small.assign(threads=[1, 2, 1, 2, 1, 2])
+    declared = study.Study("s", "t", "c", ("k", "method", "seed", "threads", "best_val_top1_err"), ("k",),
+                           row=dict, by=("k", "method", "threads"), order=("baseline", "naive"))
+    out = declared.outcomes(table)
+    assert list(out.columns[:3]) == ["k", "method", "threads"] and len(out) == 4
+    assert list(out["method"]) == ["baseline", "baseline", "naive", "naive"]
+    assert out["limit"].iloc[0] == pytest.approx(1.5 * 0.84)
+    assert "k=4    naive          threads=2" in declared.format(out)
+    with pytest.raises(GuideError, match="no baseline runs"):
+        declared.outcomes(table[table["method"] == "naive"])
 
 
 def test_a_band_widens_the_recorded_range_by_the_spread():

@@ -6,13 +6,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from guide_utils.studies import sweep
+from guide_utils.studies import study, sweep
 from guide_utils.core.errors import GuideError
 
 CLI = [sys.executable, "-m", "guide_utils", "sweep"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_points_cover_every_k_method_and_seed_plus_the_baseline():
@@ -48,32 +50,49 @@ def test_recorded_sweep_is_complete_and_labelled():
 def test_recorded_sweep_shows_what_the_book_says():
     """Chapters 4-7 describe these distributions in words; if the sweep is rerun and they
     change, this fails and the text must be rewritten to match (never the other way round).
-    Only what ten runs per point (five seeds at one and at two threads) show is asserted."""
+    Only what ten runs per point (five seeds at one and at two threads) show is asserted;
+    "near the baseline" is at most half above its median error (``study.TOLERANCE``)."""
     table = sweep.recorded()
     out = sweep.outcomes(table).set_index(["method", "k"])
     base = out.loc[("baseline", 1)]
     runs = {(m, k): table.query("method == @m and k == @k")["best_val_top1_err"] for m, k in out.index}
     naive, linear, warm = (out.loc[m] for m in ("naive", "linear", "linear+warmup"))
     assert (out["runs"] == 10).all()
-    # chapter 4: naive loses accuracy as k grows; every run near the baseline up to k = 8, few at 32
-    assert naive["median"].is_monotonic_increasing
-    assert (naive.loc[[4, 8], "within"] == 10).all() and naive.loc[32, "within"] <= 2
-    assert naive.loc[32, "median"] > base["worst"]
+    # chapter 4: naive loses accuracy as k grows; fewer runs near the baseline at each k, none at 32
+    assert naive["median"].is_monotonic_increasing and naive["within"].is_monotonic_decreasing
+    assert list(naive["within"]) == [9, 6, 2, 0] and naive.loc[32, "median"] > base["worst"]
     # chapter 5: the rule alone is no better than naive up to k = 8, worse at 16, and at 32
     # every run ends far behind every naive run
-    assert (linear.loc[[4, 8], "within"] == 10).all()
+    assert list(linear["within"]) == [9, 8, 0, 0]
     assert (abs(linear.loc[[4, 8], "median"] - naive.loc[[4, 8], "median"]) < 0.1).all()
     assert linear.loc[16, "median"] > naive.loc[16, "median"] and linear.loc[16, "within"] < naive.loc[16, "within"]
     assert runs[("linear", 32)].min() > 3 * runs[("naive", 32)].max()
     # chapter 6: with warmup the median stays inside the baseline's runs up to k = 16; at 32 it
-    # has the lowest median of the three, but not every run: one seed diverged at both thread counts
-    assert (warm.loc[[4, 8, 16], "median"] <= base["worst"]).all()
+    # has the lowest median of the three, but no run near the baseline, and one seed diverged
+    # at both thread counts
+    assert (warm.loc[[4, 8, 16], "median"] <= base["worst"]).all() and list(warm["within"]) == [10, 9, 7, 0]
     assert out.xs(32, level="k")["median"].idxmin() == "linear+warmup"
-    assert warm.loc[32, "median"] > base["worst"] and warm.loc[32, "within"] == 8
+    assert warm.loc[32, "median"] > base["worst"]
     diverged = table.query("k == 32 and method == 'linear+warmup' and best_val_top1_err > 5")
     assert list(diverged["seed"].unique()) == [3] and sorted(diverged["threads"]) == [1, 2]
     # chapter 7: at the same settings k = 8 beats k = 32 in every pair of runs
     assert runs[("linear+warmup", 8)].max() < runs[("linear+warmup", 32)].min()
+
+
+def test_the_tolerance_is_as_wide_as_the_baselines_own_spread_as_the_methods_page_says():
+    """book/methods.md justifies "near the baseline" (half above its median) by the recorded
+    baseline runs: all of them inside, the worst at 1.49 x the median; a quarter would leave
+    four of ten baseline runs outside. Its numbers are read back here."""
+    table = sweep.recorded()
+    base = table.query("method == 'baseline'")["best_val_top1_err"]
+    ratio = base.max() / base.median()
+    assert study.TOLERANCE == 0.5 and 1 + study.TOLERANCE >= ratio > 1 + study.TOLERANCE - 0.05
+    outside_at_quarter = int((base > 1.25 * base.median()).sum())
+    text = " ".join((REPO / "book" / "methods.md").read_text().split())
+    for said in (f"median of {base.median():.2f} %", f"{base.min():.2f} to {base.max():.2f} %",
+                 f"{ratio:.2f} times", f"at most {1.5 * base.median():.2f} %",
+                 f"{outside_at_quarter} of the {len(base)} baseline runs"):
+        assert said in text, f"book/methods.md no longer says {said!r}"
 
 
 @pytest.mark.parametrize("method", ["linear", "linear+warmup"])
@@ -136,3 +155,21 @@ def test_malformed_csv_is_one_line(tmp_path):
 
 # One recorded point (k = 32, linear + warmup, seed 0) is retrained by chapter 6 itself, which
 # asserts it lands within 0.5 points of the recording; the book build runs it once per session.
+
+
+def test_the_methods_pages_step_counts_are_the_engines():
+    """book/methods.md once said 625 steps per epoch for the baseline (20,000 / 32, the whole
+    set) where the engine trains 16,000 samples: 500. Both counts it states come from the plan."""
+    from mnist1d.data import get_dataset_args
+
+    from guide_utils.engine.plan import RunPlan
+
+    train = int(sweep.SETTINGS["mnist1d_samples"] * get_dataset_args().train_split)
+    steps = {k: RunPlan.make(sweep.Point(k, "linear", 0).config(), workers=1, samples_per_worker=train).steps_per_epoch
+             for k in (1, 32)}
+    assert train == 16000 and steps == {1: 500, 32: 15}
+    assert sweep.recorded_curves("linear", 32)[0].config["steps_per_epoch"] == steps[32]
+    text = " ".join((REPO / "book" / "methods.md").read_text().split())
+    assert f"{train:,} training samples give that batch {steps[32]} steps per epoch" in text
+    assert f"{steps[1]} steps per epoch: {train:,} training samples in batches of 32" in text
+    assert "625" not in text

@@ -46,7 +46,8 @@ def make_dataset(seed, samples=4096):
 
 
 def make_model():
-    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Dropout(0.1),
+                         nn.Linear(64, CLASSES))
 
 
 def weights_digest(model):
@@ -58,9 +59,10 @@ def weights_digest(model):
 
 
 def save_checkpoint(path, model, optimizer, scheduler, step):
-    """Write a new file, then rename it: a job killed mid-write keeps its old checkpoint."""
+    """Write a new file, then rename it: a job killed mid-write keeps its old checkpoint. The
+    random number generator's state too: a resumed run draws the same dropout masks."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "step": step}
+             "scheduler": scheduler.state_dict(), "step": step, "rng": torch.get_rng_state()}
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
 
@@ -88,6 +90,7 @@ def main():
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = state["step"]
+        torch.set_rng_state(state["rng"])
         print(f"resuming from {args.checkpoint} at step {step}")
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(step // steps, args.epochs):

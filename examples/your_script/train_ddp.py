@@ -50,7 +50,23 @@ def make_dataset(seed, samples=4096):
 
 
 def make_model():
-    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Dropout(0.1),
+                         nn.Linear(64, CLASSES))
+
+
+class SkippingSampler(DistributedSampler):
+    """This rank's shard of an epoch, from `skip` batches in: a resumed run skips the batches
+    it trained before it stopped without loading them (slicing the loader would load them)."""
+
+    def __init__(self, dataset, size, rank, batch_size, **kwargs):
+        super().__init__(dataset, size, rank, **kwargs)
+        self.batch_size, self.skip = batch_size, 0
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.skip * self.batch_size, None)
+
+    def __len__(self):
+        return super().__len__() - self.skip * self.batch_size
 
 
 def weights_digest(model):
@@ -62,9 +78,10 @@ def weights_digest(model):
 
 
 def save_checkpoint(path, model, optimizer, scheduler, step):
-    """Write a new file, then rename it: a job killed mid-write keeps its old checkpoint."""
+    """Write a new file, then rename it: a job killed mid-write keeps its old checkpoint. The
+    random number generator's state too: a resumed run draws the same dropout masks."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "step": step}
+             "scheduler": scheduler.state_dict(), "step": step, "rng": torch.get_rng_state()}
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
 
@@ -94,9 +111,10 @@ def main():
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     dataset = make_dataset(args.seed)
-    sampler = DistributedSampler(dataset, size, rank, seed=args.seed, drop_last=True)
+    sampler = SkippingSampler(dataset, size, rank, args.batch_size, seed=args.seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                        drop_last=True, num_workers=args.loader_workers)
+                        drop_last=True, num_workers=args.loader_workers,
+                        generator=torch.Generator())  # its own; dropout has the global one
     steps = min(len(loader), args.steps_per_epoch or len(loader))
     model = make_model().to(device)
     ddp_model = DistributedDataParallel(model)  # averages gradients; rank 0's weights to all
@@ -117,6 +135,7 @@ def main():
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = state["step"]
+        torch.set_rng_state(state["rng"])
         if rank == 0:
             print(f"resuming from {args.checkpoint} at step {step}")
     loss_fn = nn.CrossEntropyLoss()
@@ -124,7 +143,8 @@ def main():
         sampler.set_epoch(epoch)  # a new shuffle every epoch (the same on every rank)
         model.train()
         totals = torch.zeros(3, device=device)  # summed loss, correct predictions, samples
-        for x, y in itertools.islice(loader, step - epoch * steps, steps):  # skip steps done
+        sampler.skip = step - epoch * steps  # resumed mid-epoch: the batches already trained
+        for x, y in itertools.islice(loader, steps - sampler.skip):
             x, y = x.to(device), y.to(device)
             out = ddp_model(x)
             loss = loss_fn(out, y)

@@ -18,8 +18,13 @@ how the chapter and the tests look at them, so that neither pastes a copy that c
 >>> [round(expected_lr(s, lr=0.05, workers=2, steps_per_epoch=8, warmup_epochs=1, milestones=(1,)), 4)
 ...  for s in (0, 4, 8)]  # the one-GPU rate, halfway to twice it, the peak after a tenfold drop
 [0.05, 0.075, 0.01]
->>> sorted(VERSIONS)
-['keras_train_horovod.py', 'train_ddp.py', 'train_horovod.py']
+>>> sorted(VERSIONS)[:3]
+['imagenet_train_ddp.py', 'imagenet_train_horovod.py', 'keras_train_horovod.py']
+
+Besides the first script, two more in the shapes real projects have, each made distributed by
+the chapter's checklist (:data:`SHAPES`): ``mnist_train.py`` (train() and test() taking the
+model, a settings dict, Adadelta, StepLR per epoch, --dry-run) and ``imagenet_train.py``
+(validation, a best-accuracy checkpoint, AverageMeter-like progress).
 """
 
 from __future__ import annotations
@@ -33,16 +38,28 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.paths import repo_path
+from ..core.scaling import scaled_lr
 from ..core.schedules import lr_at
 
 FOLDER = ("examples", "your_script")
 # Each distributed version and the single-GPU script it is a diff of.
 VERSIONS = {"train_horovod.py": "train.py", "train_ddp.py": "train.py",
-            "keras_train_horovod.py": "keras_train.py"}
+            "keras_train_horovod.py": "keras_train.py",
+            "mnist_train_ddp.py": "mnist_train.py", "mnist_train_horovod.py": "mnist_train.py",
+            "imagenet_train_ddp.py": "imagenet_train.py", "imagenet_train_horovod.py": "imagenet_train.py"}
 LABELS = {"train_horovod.py": "PyTorch + Horovod", "train_ddp.py": "PyTorch DDP (torchrun or srun)",
-          "keras_train_horovod.py": "Keras + Horovod"}
-# Changed code lines a version may have: what the chapter promises and the tests hold.
-LINE_BUDGET = 50
+          "keras_train_horovod.py": "Keras + Horovod", "mnist_train_ddp.py": "MNIST-shaped, DDP",
+          "mnist_train_horovod.py": "MNIST-shaped, Horovod", "imagenet_train_ddp.py": "ImageNet-shaped, DDP",
+          "imagenet_train_horovod.py": "ImageNet-shaped, Horovod"}
+FIRST = ("train_horovod.py", "train_ddp.py", "keras_train_horovod.py")  # the chapter's first script's
+SHAPES = ("mnist_train_ddp.py", "mnist_train_horovod.py", "imagenet_train_ddp.py", "imagenet_train_horovod.py")
+# The functions of each single-GPU script that hold its loop, which the versions may change;
+# everything else it defines (data, model, digest, checkpoint format) they keep line for line.
+LOOP = {"train.py": ("main", "parse_args"), "keras_train.py": ("main", "parse_args"),
+        "mnist_train.py": ("main", "train", "test"), "imagenet_train.py": ("main", "train", "validate")}
+# Changed code lines a version may have: what the chapter promises and the tests hold. The
+# shapes that had no resumable checkpoint or step counter (mnist_train.py) add one too.
+LINE_BUDGET = 100
 WIDTH = 100  # characters of a line in the book's content column
 
 
@@ -56,18 +73,25 @@ class Idea:
 # A line that no new block encloses takes the first idea, in this order, whose pattern it matches.
 IDEAS = (
     Idea("requeue", "stop together on Slurm's warning, save, exit 75, resume",
-         r"\bsignal\b|\bstop\b|stop_requested|check_stop|stop_training|SystemExit|barrier|\"saved\""),
-    Idea("rank0", "print and checkpoint on rank 0", r"rank == 0|rank \{rank\}"),
+         r"\bsignal\b|\bstop\b|stop_requested|check_stop|stop_training|SystemExit|barrier|\"saved\""
+         r"|def train\(|train\(.*\brun\)"),
+    Idea("rank0", "print and checkpoint on rank 0", r"rank == 0|rank \{rank\}|rank\(\) == 0|\[\"rank\"\] == 0"),
+    Idea("checkpoint", "a resumable checkpoint: the unwrapped model, the position, the RNG",
+         r"save_checkpoint|\bsave\b|rng|torch\.load|isfile|os\.path\.exists|load_state_dict|run\[\"step\"\]"
+         r"|\bbest_acc1\b|\brun = |import os\b|\"--checkpoint\"|steps = len"),
     Idea("launch", "start the processes and find each other",
          r"import horovod|torch\.distributed as dist|hvd\.init|init_process_group|destroy_process_group"
          r"|rank, size|RANK|SLURM_|MASTER_|scontrol|subprocess"),
-    Idea("scale", "the linear scaling rule", r"args\.lr \* size|linear scaling"),
-    Idea("warmup", "gradual warmup from the one-GPU rate", r"warmup|lr_factor"),
-    Idea("device", "one GPU per process", r"set_device|GPU|gpus"),
+    Idea("scale", "the linear scaling rule", r"args\.lr \* size|linear scaling|size\*\*0\.5|square-root|lr=peak"),
+    Idea("warmup", "gradual warmup from the one-GPU rate", r"warmup|lr_factor|scheduler\.step\(\)"),
+    Idea("device", "one GPU per process", r"set_device|GPU|gpus|accelerator|one device per process"),
     Idea("gradients", "average the gradients, start from rank 0's weights",
          r"DistributedOptimizer|DistributedDataParallel|ddp_model|broadcast|BroadcastGlobal"),
     Idea("data", "a shard per rank, reshuffled every epoch",
-         r"DistributedSampler|sampler|set_epoch|rank::size|// size|islice|\bdone\b"),
+         r"DistributedSampler|sampler|SkippingSampler|set_epoch|rank::size|// size|islice|\bdone\b|Generator"
+         r"|import itertools"),
+    Idea("evaluate", "evaluation on every rank, each its share, summed", r"val_|test_loader|Subset|Acc@1|acc1"
+         r"|Accuracy|sums|correct|reduction=\"sum\""),
     Idea("metrics", "metrics summed or averaged over the ranks", r"totals|MetricAverage"),
 )
 # The six steps Horovod's documentation asks of a training script (initialise, pin a GPU per
@@ -164,7 +188,7 @@ def _sources(name: str) -> tuple[list[str], list[str], list[tuple]]:
 def changes(name: str) -> list[Line]:
     """Every changed line of version ``name`` against its single-GPU script, with its idea.
     A line only in the single-GPU script takes the idea of the most similar new line of its
-    block (the line that replaced it)."""
+    block (the line that replaced it), or where none has one, the idea its own text names."""
     old, new, opcodes = _sources(name)
     old_code, new_code = _code_lines("\n".join(old)), _code_lines("\n".join(new))
     changed = {j for _, _, _, j1, j2 in opcodes for j in range(j1, j2)}
@@ -175,8 +199,9 @@ def changes(name: str) -> list[Line]:
             kept = (i + 1) in old_code or old[i].lstrip().startswith("#")
             twins = [j for j in range(j1, j2) if ideas.get(j) is not None]
             twin = max(twins, key=lambda j: difflib.SequenceMatcher(None, old[i], new[j]).ratio(), default=None)
-            lines.append(Line("-", i + 1, old[i], ideas[twin] if kept and twin is not None else None,
-                              (i + 1) in old_code, block))
+            # a line deleted or moved without a successor takes the idea its own text names
+            idea = ideas[twin] if twin is not None else _own_idea(old[i])
+            lines.append(Line("-", i + 1, old[i], idea if kept else None, (i + 1) in old_code, block))
         lines += [Line("+", j + 1, new[j], ideas.get(j), (j + 1) in new_code, block) for j in range(j1, j2)]
     return lines
 
@@ -192,12 +217,12 @@ def unclaimed(name: str) -> list[str]:
     return [line.text for line in changes(name) if line.code and line.idea is None]
 
 
-def counts():
+def counts(names: Sequence[str] = FIRST):
     """A table of changed code lines: one row per idea, one column per version, and the total."""
     import pandas as pd
 
-    added = {name: [line.idea for line in changes(name) if line.sign == "+" and line.code] for name in VERSIONS}
-    table = pd.DataFrame({LABELS[name]: {idea.key: added[name].count(idea.key) for idea in IDEAS} for name in VERSIONS})
+    added = {name: [line.idea for line in changes(name) if line.sign == "+" and line.code] for name in names}
+    table = pd.DataFrame({LABELS[name]: {idea.key: added[name].count(idea.key) for idea in IDEAS} for name in names})
     table.loc["total"] = table.sum()
     return table
 
@@ -217,19 +242,20 @@ def _runs(lines: list[Line], new: list[str]) -> list[list[Line]]:
     return runs
 
 
-def diff_text(name: str, idea: str | None = None) -> str:
+def diff_text(name: str, idea: str | Sequence[str] | None = None) -> str:
     """The changes of version ``name`` as a unified diff: each run of changed lines with the
     lines next to it when they are unchanged, under a header that names its line and, as
-    git's does, the statement it is in; with ``idea``, only that idea's lines (comments
-    included, blank lines left out)."""
+    git's does, the statement it is in; with ``idea`` (one, or several), only that idea's
+    lines (comments included, blank lines left out)."""
     _, new, opcodes = _sources(name)
     changed = {j for _, _, _, j1, j2 in opcodes for j in range(j1, j2)}
     lines = changes(name)
+    wanted = (idea,) if isinstance(idea, str) else idea
     out = [f"--- {VERSIONS[name]}", f"+++ {name}"]
     for block, (_, _, _, j1, _) in enumerate(opcodes):
         mine = [line for line in lines if line.block == block
-                and (idea is None or (line.idea == idea and line.text.strip()))]
-        for run in _runs(mine, new) if idea else [mine] if mine else []:
+                and (wanted is None or (line.idea in wanted and line.text.strip()))]
+        for run in _runs(mine, new) if wanted else [mine] if mine else []:
             plus = [line.number - 1 for line in run if line.sign == "+"] or [j1]
             before = [j for j in range(plus[0] - 1, -1, -1) if new[j].strip()][:1]
             after = [j for j in range(plus[-1] + 1, len(new)) if new[j].strip()][:1]
@@ -244,8 +270,8 @@ def diff_text(name: str, idea: str | None = None) -> str:
     return "\n".join(out)
 
 
-def show(idea: str | None = None, names: Sequence[str] = tuple(VERSIONS)):
-    """The changes of ``idea`` (None: all of them) in each version, as Markdown diff blocks
+def show(idea: str | Sequence[str] | None = None, names: Sequence[str] = FIRST):
+    """The changes of ``idea`` (one or several; None: all of them) in each version, as Markdown diff blocks
     for a notebook (``IPython.display``); a version without such a change says so."""
     from IPython.display import Markdown
 
@@ -257,12 +283,11 @@ def show(idea: str | None = None, names: Sequence[str] = tuple(VERSIONS)):
     return Markdown("\n\n".join(parts))
 
 
-_PREFIX = r"(?:\[\d+\]<std(?:out|err)>:)?"  # horovodrun's rank prefix
 
 
 def printed_lrs(output: str) -> dict[int, float]:
     """``step N lr X`` lines (rank 0's) as {step: learning rate}."""
-    return {int(s): float(lr) for s, lr in re.findall(rf"^{_PREFIX}step (\d+) lr (\S+)", output, re.M)}
+    return {int(s): float(lr) for s, lr in re.findall(r"\bstep (\d+) lr (\S+)", output)}
 
 
 def printed_digests(output: str) -> dict[int, str]:
@@ -271,9 +296,12 @@ def printed_digests(output: str) -> dict[int, str]:
 
 
 def expected_lr(step: int, *, lr: float, workers: int, steps_per_epoch: int, warmup_epochs: int,
-                milestones: Sequence[int] = (30, 60, 80)) -> float:
-    """The learning rate at ``step`` of an example run: the linear rule's peak (``lr`` times
-    the workers), reached by a gradual warmup from ``lr`` over ``warmup_epochs``, then tenfold
-    drops at ``milestones``; ``lr_at`` at the float epoch ``step / steps_per_epoch``."""
-    return lr_at(step / steps_per_epoch, peak_lr=lr * workers, warmup="gradual", warmup_epochs=warmup_epochs,
-                 warmup_start_lr=lr, milestones=milestones)
+                milestones: Sequence[int] = (30, 60, 80), gamma: float = 0.1, rule: str = "linear") -> float:
+    """The learning rate at ``step`` of an example run: the peak the scaling ``rule`` gives
+    (``lr`` times the workers, or their square root), reached by a gradual warmup from ``lr``
+    over ``warmup_epochs``, then ``gamma`` at each of ``milestones`` (a per-epoch decay is a
+    milestone at every epoch after the warmup); ``lr_at`` at the float epoch
+    ``step / steps_per_epoch``."""
+    peak = scaled_lr(lr, 1, workers, rule=rule)
+    return lr_at(step / steps_per_epoch, peak_lr=peak, warmup="gradual", warmup_epochs=warmup_epochs,
+                 warmup_start_lr=lr, milestones=milestones, gamma=gamma)

@@ -4,4 +4,4 @@ on ``study.Study`` (points x seeds x thread counts, run resumably in fresh worke
 runs and n of N near the baseline). The thesis's nine experiments at two scales
 (``experiments``), the quality sweep over the scaling factor k (``sweep``), the same
 question past the linear rule (``large_batch``), the reader's check that they hold on their
-machine (``verify``), and the distributed-training pitfalls, each reproduced (``pitfalls``)."""
+machine (``verify``), and the distributed-training pitfalls that reproduce at laptop scale (``pitfalls``)."""

@@ -39,9 +39,10 @@ since near the edge of stability the order of floating-point sums decides some r
 ``python -m guide_utils large-batch run --out FILE.csv --jobs 2`` trains the tuning runs (at
 the first thread count), then every point at every thread count, appending one row per run
 as it finishes (``--jobs`` cores kept busy; ``--resume`` finishes an interrupted file).
-``summary FILE.csv`` prints each point's median, worst run and how many runs ended within one
-point of the baseline. The CSV's first line says when, on what, with which thread counts,
-from which commit and with which versions it was made.
+``summary FILE.csv`` prints each point's median, worst run and how many runs ended near
+the baseline (at most half above its median error: ``study.TOLERANCE``).
+The CSV's first line says when, on what, with which thread counts, from which commit and
+with which versions it was made.
 """
 
 from __future__ import annotations
@@ -167,12 +168,9 @@ def describe(row: dict) -> str:
 
 def summary(table) -> str:
     return (f"base learning rates chosen at k = 1: {chosen_lrs(table)}; {len(table)} runs, "
-            f"{cpu_hours(table):.2f} CPU-hours\n{format_outcomes(outcomes(table))}")
+            f"{cpu_hours(table):.2f} CPU-hours\n{STUDY.format(own(STUDY.outcomes(table)))}")
 
 
-STUDY = study.Study("large-batch", "MNIST-1D large-batch sweep", f"{PROG} run", tuple(COLUMNS), tuple(KEY), row,
-                    threads=THREADS, summary=summary, describe=describe, order=("baseline", *METHODS),
-                    text_columns=CURVE_COLUMNS)
 
 
 def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
@@ -281,13 +279,11 @@ def epoch_curve(row, column: str = "val_curve") -> list[float]:
     return [float(v) for v in str(row[column]).split()]
 
 
-def breaking_point(outcomes, method: str, *, tolerance: float) -> int | None:
-    """The smallest k at which ``method``'s median error exceeds the k = 1 SGD baseline's
-    median by more than ``tolerance`` points (None: it never does); ``outcomes`` as from
-    ``outcomes``."""
-    base = float(outcomes[(outcomes["method"] == "baseline")]["median"].iloc[0])
+def breaking_point(outcomes, method: str) -> int | None:
+    """The smallest k at which ``method``'s median error is past the limit of ``outcomes``
+    (``study.outcomes``: half above the k = 1 SGD baseline's median); None: it never is."""
     rows = outcomes[(outcomes["method"] == method) & (outcomes["k"] > 1)].sort_values("k")
-    worse = rows[rows["median"] > base + tolerance]
+    worse = rows[rows["median"] > rows["limit"]]
     return int(worse["k"].iloc[0]) if not worse.empty else None
 
 
@@ -310,16 +306,17 @@ def cluster_commands(nodes: int = 64, gpus_per_node: int = 4, per_gpu: int = 32)
     return {m: f"{submit}{f}   # global batch {gbatch}" for m, f in flags.items()}
 
 
-def outcomes(table, within: float = 1.0, by=("k", "method")):
-    """Per (k, method) of ``curves(table)``: runs, median, best, worst, and how many runs ended
-    within ``within`` points of the k = 1 SGD baseline's median (``study.outcomes``)."""
-    return STUDY.outcomes(curves(table), within, by)
+def own(outcomes):
+    """``outcomes`` without the SGD baseline's copies at k = 1 that ``curves`` adds for the
+    figure (each SGD method's first point): the rows a summary lists."""
+    return outcomes[(outcomes["k"] > 1) | (outcomes["method"] == "baseline")]
 
 
-def format_outcomes(table, within: float = 1.0) -> str:
-    """``study.format_outcomes`` without the SGD baseline's copies at k = 1 that ``curves`` adds
-    for the figure (each SGD method's first point)."""
-    return study.format_outcomes(table[(table["k"] > 1) | (table["method"] == "baseline")], within=within)
+# The summary reads ``curves``: the study proper, the SGD baseline as each SGD method's k = 1.
+STUDY = study.Study("large-batch", "MNIST-1D large-batch sweep", f"{PROG} run", tuple(COLUMNS), tuple(KEY), row,
+                    threads=THREADS, summary=summary, describe=describe, order=("baseline", *METHODS),
+                    text_columns=CURVE_COLUMNS, runs=curves)
+outcomes, format_outcomes = STUDY.outcomes, STUDY.format
 
 
 def _point_arguments(run) -> None:

@@ -1,4 +1,4 @@
-"""Distributed-training pitfalls, each reproduced at laptop scale (chapter 14).
+"""Distributed-training pitfalls 1 to 7 reproduced at laptop scale (chapter 14; 8 and 9 need GPUs).
 
 Every function here shows one symptom as a user would meet it, small enough to run in a
 notebook cell in seconds: the same sample order every epoch, a collective that waits for a

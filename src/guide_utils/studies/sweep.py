@@ -16,11 +16,12 @@ error over the epochs, as the thesis reports it.
 ``python -m guide_utils sweep run --jobs 2 --out FILE.csv`` trains every point with five
 seeds at one and at two CPU threads (``--seeds``, ``--threads``), writes one run record per run
 and appends its row to the CSV as it finishes (``--resume`` finishes an interrupted file);
-``summary FILE.csv`` prints each point's median, worst run and how many runs ended within one
-point of the baseline. The thread count is part of the recording because near the edge of
-stability the order of floating-point sums decides some runs (see ``studies.workers``). On two
-otherwise idle CPU cores a k = 1 run takes 30 to 45 s and the others 10 to 15 s; the
-``seconds`` column records each run's wall time under whatever else the machine was doing.
+``summary FILE.csv`` prints each point's median, worst run and how many runs ended near
+the baseline (at most half above its median error: ``study.TOLERANCE``). The thread count
+is part of the recording because near the edge of stability the order of floating-point
+sums decides some runs (see ``studies.workers``). On two otherwise idle CPU cores a k = 1
+run takes 30 to 45 s and the others 10 to 15 s; the ``seconds`` column records each run's
+wall time under whatever else the machine was doing.
 """
 
 from __future__ import annotations
@@ -101,12 +102,11 @@ def describe(row: dict) -> str:
     return f"k={row['k']} {row['method']} seed {row['seed']} x{row['threads']}: {row['best_val_top1_err']:.2f} %"
 
 
-def summary(table) -> str:
-    return format_outcomes(outcomes(table))
-
-
 STUDY = study.Study("sweep", "MNIST-1D quality sweep", f"{PROG} run", tuple(COLUMNS), tuple(KEY), row,
-                    threads=THREADS, summary=summary, describe=describe, order=("baseline", *METHODS))
+                    threads=THREADS, describe=describe, order=("baseline", *METHODS))
+# Per point: runs, median, best, worst, and how many runs ended near the baseline (``study.outcomes``;
+# ``by=`` groups by other columns, ``threads`` among them); the summary's lines of such a table.
+outcomes, format_outcomes = STUDY.outcomes, STUDY.format
 
 
 def run_point(point: Point, results_dir: str | Path, **overrides) -> dict:
@@ -154,22 +154,6 @@ def recorded_curves(method: str, k: int) -> list:
     if not found:
         raise GuideError(f"no recorded curves for {method} at k = {k} in {folder}")
     return sorted(found, key=lambda r: (r.config["seed"], r.environment["cpu_threads"]))
-
-
-def baseline_median(table, metric: str = "best_val_top1_err") -> float:
-    """The reference every method is judged against: the median of the k = 1 runs."""
-    return float(table[table["method"] == "baseline"][metric].median())
-
-
-def outcomes(table, within: float = 1.0, by=("k", "method")):
-    """Per point: runs, median, best, worst, and how many runs ended within ``within`` points
-    of the baseline's median (``study.outcomes``); ``by`` may add ``threads``. Rows in the
-    order k, then baseline, naive, linear, linear + warmup."""
-    return STUDY.outcomes(table, within, by)
-
-
-def format_outcomes(table, within: float = 1.0) -> str:
-    return study.format_outcomes(table, within=within)
 
 
 def _point_arguments(run) -> None:
