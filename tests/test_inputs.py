@@ -1,0 +1,118 @@
+"""The input path to the device (engine.inputs): uint8 batches normalised on the device equal
+the float path's, in the same order; the resident synthetic batch; no tensor made from host
+data in the step; the loader-worker default."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from guide_utils.core.config import make_config
+from guide_utils.core.errors import GuideError
+from guide_utils.data.datasets import make_jpeg_folder, write_shards
+from guide_utils.data.loaders import build_data, resolve_input_dtype
+from guide_utils.engine.distributed import Dist
+from guide_utils.engine.inputs import DeviceFeed, Inputs
+from guide_utils.engine.metrics import Sums
+from guide_utils.runtime.cpus import default_loader_workers
+
+CPU = Dist(kind="none", device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = make_jpeg_folder(tmp_path_factory.mktemp("in") / "photos", per_class=6, val_per_class=3, size=72)
+    return root, write_shards(root, root.parent / "shards", image_size=40)
+
+
+def _epoch(spec, dtype, *, channels_last=False, epoch=1, start=0):
+    cfg = make_config("full", data=str(spec), image_size=32, per_worker_batch=4, loader_workers=0, seed=3,
+                      channels_last=channels_last)
+    bundle = build_data(str(spec), image_size=32, seed=3, input_dtype=dtype)
+    inputs = Inputs(cfg, bundle, CPU)
+    inputs.sampler.set_epoch(epoch)
+    inputs.sampler.set_start(start)
+    return list(inputs.train_batches()), list(inputs.val_batches())
+
+
+@pytest.mark.parametrize("data", ["shards", "jpeg"])
+def test_uint8_batches_normalised_on_the_device_equal_the_float_path(photos, data):
+    spec = photos[1] if data == "shards" else photos[0]
+    (train_f, val_f), (train_u, val_u) = _epoch(spec, "float32"), _epoch(spec, "uint8")
+    assert len(train_f) == len(train_u) == 3 and len(val_f) == len(val_u) == 2
+    for (xf, yf), (xu, yu) in zip(train_f + val_f, train_u + val_u):
+        assert xu.dtype == xf.dtype == torch.float32 and xu.shape == xf.shape
+        assert torch.equal(yf, yu)  # same samples in the same order
+        # the same operations in the same order, on the host or the "device": float32 exact
+        # up to the last bit or two of rounding
+        torch.testing.assert_close(xu, xf, rtol=1e-6, atol=1e-6)
+
+
+def test_channels_last_is_applied_on_the_device_after_the_copy(photos):
+    (train_f, _), (train_u, _) = _epoch(photos[1], "float32", channels_last=True), \
+        _epoch(photos[1], "uint8", channels_last=True)
+    for (xf, _), (xu, _) in zip(train_f, train_u):
+        assert xf.is_contiguous(memory_format=torch.channels_last)
+        assert xu.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(xu, xf, rtol=1e-6, atol=1e-6)
+
+
+def test_a_resumed_epoch_feeds_the_rest_of_the_same_batches(photos):
+    whole, _ = _epoch(photos[1], "uint8")
+    rest, _ = _epoch(photos[1], "uint8", start=4)
+    assert len(rest) == len(whole) - 1
+    for (xa, ya), (xb, yb) in zip(whole[1:], rest):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_step_makes_no_tensor_from_host_numbers():
+    # aten.lift_fresh is a tensor made from host data: on a GPU a blocking copy that makes the
+    # host wait for every queued kernel (the old Sums.add did it every step).
+    sums = Sums(torch.device("cpu"))
+    feed = DeviceFeed(torch.device("cpu"), normalize=([0.5] * 3, [0.25] * 3))
+    images, target = torch.randint(0, 256, (8, 3, 4, 4), dtype=torch.uint8), torch.randint(0, 10, (8,))
+    loss, output = torch.tensor(2.0), torch.randn(8, 10)
+    with _Ops() as seen:
+        x, y = feed.prepare(images, target)
+        sums.add(loss, output, y)
+    assert "aten.topk.default" in seen.ops and "aten.sub_.Tensor" in seen.ops  # the recorder sees the step
+    assert "aten.lift_fresh.default" not in seen.ops, seen.ops
+    sums.add(torch.tensor(1.0), output, y)
+    loss, hits1, hits5, n = sums.totals(CPU)
+    assert n == 16 and loss == pytest.approx(2.0 * 8 + 1.0 * 8) and 0 <= hits1 <= hits5 <= 16
+
+
+def test_resident_batches_are_one_batch_made_once():
+    cfg = make_config("full", data="synthetic-resident", image_size=16, per_worker_batch=8, synthetic_size=40,
+                      loader_workers=0, channels_last=True)
+    bundle = build_data("synthetic-resident", image_size=16, synthetic_size=40)
+    inputs = Inputs(cfg, bundle, CPU)
+    batches = list(inputs.train_batches())
+    assert len(batches) == 5 and inputs.workers == 0 and inputs.input_dtype == "resident"
+    assert all(x.data_ptr() == batches[0][0].data_ptr() for x, _ in batches)  # no copy, no conversion
+    assert batches[0][0].is_contiguous(memory_format=torch.channels_last)
+    inputs.sampler.set_start(24)
+    assert len(list(inputs.train_batches())) == 2 and len(list(inputs.train_batches())) == 5
+
+
+def test_input_dtype_and_loader_workers_defaults():
+    assert resolve_input_dtype("auto", "synthetic", "cuda") == "uint8"
+    assert resolve_input_dtype("auto", "/data/imagenet", "cuda") == "uint8"
+    assert resolve_input_dtype("auto", "mnist1d", "cuda") == "float32"
+    assert resolve_input_dtype("auto", "synthetic", "cpu") == "float32"  # CPU results unchanged
+    with pytest.raises(GuideError, match="--input-dtype uint8 is for images"):
+        build_data("digits", input_dtype="uint8")
+    # bound by Slurm to 8 of 64 CPUs: its own 8; torchrun's 4 ranks on all 16: 4 each; less one
+    assert default_loader_workers(4, "cuda", cpus=8, node_cpus=64) == 7
+    assert default_loader_workers(4, "cuda", cpus=16, node_cpus=16) == 3
+    assert default_loader_workers(1, "cuda", cpus=128, node_cpus=128) == 16
+    assert default_loader_workers(1, "cpu", cpus=2, node_cpus=2) == 4  # the CPU default is unchanged
