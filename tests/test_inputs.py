@@ -116,3 +116,21 @@ def test_input_dtype_and_loader_workers_defaults():
     assert default_loader_workers(4, "cuda", cpus=16, node_cpus=16) == 3
     assert default_loader_workers(1, "cuda", cpus=128, node_cpus=128) == 16
     assert default_loader_workers(1, "cpu", cpus=2, node_cpus=2) == 4  # the CPU default is unchanged
+
+
+class _Counting(Dist):
+    def allreduce_mean(self, tensor, name="metric"):
+        self.calls = getattr(self, "calls", 0) + 1
+        return tensor.clone()
+
+
+def test_the_stop_check_alone_sends_nothing_and_with_ranks_agrees():
+    from guide_utils.engine.loop import _stop_agreed
+    from guide_utils.engine.signals import StopFlag
+
+    stop = StopFlag()
+    alone, two = _Counting(kind="none"), _Counting(kind="none", size=2)
+    assert not _stop_agreed(alone, stop) and not _stop_agreed(two, stop)
+    stop.signum = 10
+    assert _stop_agreed(alone, stop) and _stop_agreed(two, stop)
+    assert getattr(alone, "calls", 0) == 0 and two.calls == 2  # alone: the flag is read, no tensor made

@@ -162,7 +162,8 @@ class Inputs:
                               sampler=val_sampler, **kw)
 
     def train_batches(self) -> Iterator[tuple[Any, Any]]:
-        return self.feed(self.train)
+        # the resident batch is on the device in its layout already: nothing to feed
+        return iter(self.train) if self.input_dtype == "resident" else self.feed(self.train)
 
     def val_batches(self) -> Iterator[tuple[Any, Any]]:
-        return self.feed(self.val)
+        return iter(self.val) if self.input_dtype == "resident" else self.feed(self.val)
