@@ -99,11 +99,13 @@ def device_walk(args) -> int:
     print(f"{first['hardware']}; device {device_name}; load {first['load_avg_1min']}", flush=True)
     for name, why in skipped:
         print(f"skipped {name}: {why}", flush=True)
+    # each row as one JSON line as soon as it is measured: a walk cut short by a time limit
+    # still leaves the steps it finished (the GPU check collects these lines)
     rows = tuning.walk(walk, repeats=args.repeats, min_gain=args.min_gain, base=base,
-                       progress=lambda s: print(s, flush=True), measure=tuning.measure_here)
+                       progress=lambda s: print(s, flush=True), measure=tuning.measure_here,
+                       on_row=lambda r: print(json.dumps({"benchmark": "stepwise_device", "device": device_name,
+                                                          **r}), flush=True))
     first["load_avg_1min_after"] = round(os.getloadavg()[0], 2)
-    for r in rows:  # one line each for the GPU check's results.jsonl
-        print(json.dumps({"benchmark": "stepwise_device", "device": device_name, **r}))
     return report(args, first, rows)
 
 

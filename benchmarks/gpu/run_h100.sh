@@ -42,9 +42,9 @@ if [ "$SMOKE" = 1 ]; then   # the same commands, tiny: a check of the script, no
   WALK="--model small_resnet --image-size 16 --per-worker-batch 8 --steps 6 --skip torch.compile"
   REPEATS=1
 else
-  NET="--model resnet50 --image-size 224 --per-worker-batch 128"
+  NET="--model resnet50 --image-size 224 --per-worker-batch 128 --loader-workers auto"
   LONG="--steps 60 --warmup 15"; SHORT="--steps 40 --warmup 10"; OVERHEAD="--steps 400 --warmup 50 --repeats 2"
-  WALK="--model resnet18 --image-size 224 --per-worker-batch 128 --steps 40"
+  WALK="--model resnet18 --image-size 224 --per-worker-batch 128 --steps 30"
   REPEATS=2
 fi
 

@@ -131,10 +131,11 @@ def _setup(name: str, flags: dict[str, str | None], workers: int) -> Setup:
 
 
 def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, base: dict | None = None,
-         progress: Callable[[str], None] | None = None,
-         measure: Callable[[dict, int], float] | None = None) -> list[dict[str, Any]]:
+         progress: Callable[[str], None] | None = None, measure: Callable[[dict, int], float] | None = None,
+         on_row: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
     """Measure every step against the configuration before it; one row per step.
-    ``measure(flags, workers)`` gives images/s (default: a fresh process per run)."""
+    ``measure(flags, workers)`` gives images/s (default: a fresh process per run);
+    ``on_row`` sees each row as soon as it is measured."""
     measure = measure or (lambda flags, workers: throughput(_setup("run", flags, workers), []))
     kept: dict[str, str | None] = dict(base or BASE)
     workers, rows = 1, []
@@ -154,6 +155,8 @@ def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, ba
                      "after_runs": [round(x, 1) for x in rates["after"]], "flags": argv(dict(step.flags))})
         if progress:
             progress(f"{step.stage:<16} {step.name:<22} x{ratio:.3f} {'kept' if keep else 'not kept'}")
+        if on_row:
+            on_row(rows[-1])
         if keep:
             kept, workers = trial, step.workers
     return rows
