@@ -77,7 +77,8 @@ def main(argv=None) -> int:
           f"device {hand_loop.device()})")
     alone, wrapped = per_item_us()
     print(f"per item in the loader workers: dataset {alone:.2f} us, through SeededItems {wrapped:.2f} us")
-    print(json.dumps({"benchmark": "step_overhead", "item_us": alone, "seeded_items_us": wrapped, "data": synthetic_mode(args), "model": args.model,
+    print(json.dumps({"benchmark": "step_overhead", "item_us": alone, "seeded_items_us": wrapped,
+                      "data": synthetic_mode(args), "model": args.model,
                       "per_worker_batch": args.per_worker_batch, "image_size": args.image_size,
                       "device": str(hand_loop.device()), "engine_us_per_step": engine, "hand_us_per_step": hand,
                       "engine_extra_us_per_step": extra, "budget_us": args.budget_us}))
