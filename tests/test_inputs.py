@@ -134,3 +134,30 @@ def test_the_stop_check_alone_sends_nothing_and_with_ranks_agrees():
     stop.signum = 10
     assert _stop_agreed(alone, stop) and _stop_agreed(two, stop)
     assert getattr(alone, "calls", 0) == 0 and two.calls == 2  # alone: the flag is read, no tensor made
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--loader-workers", "many"], "--loader-workers"),
+    (["--input-dtype", "int4"], "--input-dtype"),
+    (["--tf32", "yes"], "--tf32"),
+    (["--compile-mode", "fast"], "--compile-mode"),
+])
+def test_the_new_flags_refuse_bad_values_in_one_line(flags, fragment, capsys):
+    from guide_utils.core.flags import build_parser
+
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error, as the command prints it
+        build_parser().parse_args(["--profile", "smoke", *flags])
+    code, err = exc.value.code, capsys.readouterr().err.strip()
+    assert code == 2 and fragment in err and len(err.splitlines()) == 1, err
+
+
+def test_the_new_settings_parse_and_validate():
+    from guide_utils.core.flags import config_from_argv
+
+    cfg = config_from_argv(["--loader-workers", "auto", "--input-dtype", "uint8", "--tf32", "on",
+                            "--compile-mode", "reduce-overhead", "--data", "synthetic-resident"])
+    assert (cfg.loader_workers, cfg.input_dtype, cfg.tf32, cfg.compile_mode) == ("auto", "uint8", "on",
+                                                                                 "reduce-overhead")
+    assert config_from_argv(["--loader-workers", "3"]).loader_workers == 3
+    with pytest.raises(GuideError, match="--loader-workers must be auto or 0 or more"):
+        make_config("smoke", loader_workers=-2).validate()
