@@ -54,3 +54,18 @@ def test_a_gpu_check_becomes_a_record(tmp_path):
     (out / "results.jsonl").write_text("")
     with pytest.raises(ValueError, match="no benchmark results"):
         gpu_records.record_check(out, tmp_path / "empty.jsonl", commit="abc1234")
+
+
+def test_a_run_outside_slurm_needs_no_python_hostlist(monkeypatch):
+    # the GPU check's machine may lack python-hostlist: the engine imports it only in a job
+    import sys
+
+    from guide_utils.engine.bookkeeping import environment
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # `import hostlist` now raises ImportError
+    monkeypatch.delitem(sys.modules, "guide_utils.runtime.slurm", raising=False)
+    assert environment("none", 1)["slurm"] is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    with pytest.raises(ImportError):
+        environment("none", 1)
