@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """What the engine's step costs on the host: microseconds per step of the engine against a
-hand-written loop, with a model so small (``--model linear`` on 8x8 images, batch 32) that the
+hand-written loop, with a model so small (``--model linear`` on 8x8 images, batch 8) that the
 step itself is almost free, so what remains is the loop's own work: per-step Python, the
 metrics' kernels, the learning-rate schedule, the throughput meter, the stop check. On a GPU
 that work is what the device cannot hide when the host falls behind it.
@@ -57,7 +57,7 @@ def per_item_us(n: int = 20000) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     p, own = parser(PROG, __doc__, steps=400, warmup=50)
-    p.set_defaults(model="linear", image_size=8, per_worker_batch=32, data="synthetic-resident", amp="none")
+    p.set_defaults(model="linear", image_size=8, per_worker_batch=8, data="synthetic-resident", amp="none")
     own.add_argument("--amp", choices=["none", "bf16"], default="none", help="mixed precision autocast, in both")
     own.add_argument("--repeats", type=int, default=3, help="alternating engine/hand measurements of each")
     own.add_argument("--budget-us", type=float, default=BUDGET_US,

@@ -161,3 +161,35 @@ def test_the_new_settings_parse_and_validate():
     assert config_from_argv(["--loader-workers", "3"]).loader_workers == 3
     with pytest.raises(GuideError, match="--loader-workers must be auto or 0 or more"):
         make_config("smoke", loader_workers=-2).validate()
+
+
+def _old_sums(batches):
+    """The metrics as the engine summed them before (one stacked float64 vector per step)."""
+    t = torch.zeros(4, dtype=torch.float64)
+    for loss, output, target in batches:
+        pred = output.topk(min(5, output.shape[1]), dim=1).indices
+        hits = pred.eq(target.unsqueeze(1))
+        c1, c5 = hits[:, :1].any(dim=1).sum(), hits[:, :5].any(dim=1).sum()
+        n = t.new_tensor(float(target.shape[0]))
+        t += torch.stack([loss.double() * n, c1.double(), c5.double(), n])
+    return t.tolist()
+
+
+@pytest.mark.parametrize("classes", [3, 10])
+def test_the_metric_sums_are_the_old_ones_with_fewer_kernels(classes):
+    g = torch.Generator().manual_seed(classes)
+    batches = [(torch.rand((), generator=g) * 5, torch.randn(8, classes, generator=g),
+                torch.randint(0, classes, (8,), generator=g)) for _ in range(6)]
+    sums, first, resumed = (Sums(torch.device("cpu")) for _ in range(3))
+    for b in batches:
+        sums.add(*b)
+    for b in batches[:3]:
+        first.add(*b)
+    resumed.restore(first.totals(CPU))  # an epoch interrupted after 3 steps, then resumed
+    for b in batches[3:]:
+        resumed.add(*b)
+    assert sums.totals(CPU) == resumed.totals(CPU) == _old_sums(batches)  # exactly, float64 in the same order
+    with _Ops() as seen:
+        sums.add(*batches[0])
+    kernels = [op for op in seen.ops if op.split(".")[1] not in ("detach", "unsqueeze", "alias", "slice")]
+    assert len(kernels) <= 7, kernels  # 12 before (two any/sum pairs, three casts, a stack)

@@ -149,7 +149,7 @@ def _train_steps(cfg, plan, st, loaders, dist, epoch: int, first_step: int, stop
     loaders.sampler.set_start(first_step * plan.samples_per_step)
     sums = Sums(dist.device)
     if st.partial is not None and epoch == st.start_epoch and dist.is_root:
-        sums.t += torch.tensor(st.partial, dtype=torch.float64, device=dist.device)
+        sums.restore(st.partial)
     meter = ThroughputMeter(plan.samples_per_step, workers=plan.workers, warmup_iters=cfg.throughput_warmup_iters)
     st.model.train()
     bar = tqdm(total=plan.steps_per_epoch, initial=first_step, desc=f"epoch {epoch + 1}/{cfg.epochs}",
