@@ -42,11 +42,20 @@ def parse(p, argv: list[str] | None):
     return args
 
 
+def synthetic_mode(args) -> str:
+    """The synthetic data the benchmark runs on: ``--data synthetic-resident``, else the
+    loader-fed ``synthetic-loader`` (the default; a dataset directory is not timed here)."""
+    from guide_utils.data.loaders import SYNTHETIC_MODES
+
+    return SYNTHETIC_MODES.get(getattr(args, "data", None) or "synthetic", "synthetic-loader")
+
+
 def timed_config(args, *, per_worker_batch: int | None = None, workers: int = 1, **settings):
     """The TrainConfig of one measurement: the flags given, then one epoch of ``--steps``
-    iterations on just enough synthetic images for ``workers`` workers, timed after
-    ``--warmup``, no progress bar; ``settings`` last."""
+    iterations on just enough synthetic images (``--data synthetic-loader`` or
+    ``synthetic-resident``) for ``workers`` workers, timed after ``--warmup``, no progress
+    bar; ``settings`` last."""
     batch = per_worker_batch or args.per_worker_batch
-    return to_config({**vars(args), "data": "synthetic", "epochs": 1, "per_worker_batch": batch,
+    return to_config({**vars(args), "data": synthetic_mode(args), "epochs": 1, "per_worker_batch": batch,
                       "synthetic_size": batch * (args.steps + 1) * workers, "max_steps_per_epoch": args.steps,
                       "throughput_warmup_iters": args.warmup_iters, "progress": False, **settings})

@@ -23,7 +23,8 @@ from .errors import GuideError
 class TrainConfig:
     # what is trained on what
     model: str = "resnet50"
-    # "synthetic", "mnist1d", "digits" or an ImageFolder directory. None (the full profile's):
+    # "synthetic" (= "synthetic-loader"), "synthetic-resident", "mnist1d", "digits" or an
+    # ImageFolder directory (or pre-decoded shards). None (the full profile's):
     # not chosen, and the run refuses to start, so that a cluster job without its dataset
     # never trains for days on random images; synthetic data must be asked for by name.
     data: str | None = None
@@ -57,11 +58,20 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None  # cap for benchmarks and quick looks
     # distribution and input pipeline
     dist: str = "none"
-    loader_workers: int = 4
+    # DataLoader processes per rank; "auto": on a GPU the CPUs the rank has, less one (at
+    # most 16), on a CPU 4 (data.loaders.default_loader_workers)
+    loader_workers: int | str = "auto"
+    # how images cross to the device: "uint8" (normalised there), "float32" (normalised by
+    # the loader workers), "auto": uint8 for image data on a GPU, float32 on a CPU
+    input_dtype: str = "auto"
     # performance switches; off by default where they change numerics
     amp: str = "none"  # "bf16" or "fp16" (fp16 on GPU only)
     channels_last: bool = False
     compile: bool = False
+    compile_mode: str | None = None  # torch.compile mode; "reduce-overhead" adds CUDA graphs
+    # TensorFloat-32 on Ampere and later GPUs: "on" (matmuls and convolutions), "off" (strict
+    # fp32), "default" (PyTorch's: convolutions through cuDNN use it, matmuls do not)
+    tf32: str = "default"
     fp16_allreduce: bool = False  # Horovod's fp16 compression; DDP's fp16_compress_hook
     # how gradients are grouped for the allreduce; None: the library's own default
     ddp_bucket_mb: float | None = None  # DDP bucket_cap_mb (PyTorch: 25)
@@ -95,8 +105,16 @@ class TrainConfig:
             raise GuideError(f"--epochs must be positive, got {self.epochs}")
         if self.base_lr <= 0 or self.base_batch <= 0:
             raise GuideError("--base-lr and --base-batch must be positive")
-        if self.loader_workers < 0:
-            raise GuideError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
+        if self.loader_workers != "auto" and (isinstance(self.loader_workers, bool)
+                                               or not isinstance(self.loader_workers, int) or self.loader_workers < 0):
+            raise GuideError(f"--loader-workers must be auto or 0 or more, got {self.loader_workers}")
+        if self.input_dtype not in INPUT_DTYPES:
+            raise GuideError(f"--input-dtype must be {', '.join(INPUT_DTYPES)}, got {self.input_dtype!r}")
+        if self.tf32 not in ("default", "on", "off"):
+            raise GuideError(f"--tf32 must be default, on or off, got {self.tf32!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise GuideError(f"--compile-mode must be one of {', '.join(m for m in COMPILE_MODES if m)}, "
+                             f"got {self.compile_mode!r}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch <= 0:
             raise GuideError(f"--max-steps-per-epoch must be positive, got {self.max_steps_per_epoch}")
         if self.keep_checkpoints <= 0:
@@ -140,6 +158,8 @@ class TrainConfig:
 
 
 OPTIMIZERS = ("sgd", "lars", "lamb")
+INPUT_DTYPES = ("auto", "float32", "uint8")
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 NO_DATA = ("no dataset: the full profile trains on ImageNet and will not guess it; pass --data DIR "
            "(DIR/train/<class>/* and DIR/val/<class>/*; the sbatch examples pass the staged copy of "
            "GUIDE_DATASET_ARCHIVE, which python -m guide_utils prepare-imagenet makes), or --data synthetic "

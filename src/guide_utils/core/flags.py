@@ -36,9 +36,11 @@ def build_parser(prog: str = PROG, description: str = "") -> ArgumentParser:
     p.add_argument("--profile", choices=sorted(PROFILES), default="full",
                    help="settings every other flag starts from (default: full)")
     g = p.add_argument_group("model and data")
-    g.add_argument("--model", help="torchvision name (e.g. resnet50), small_resnet, mnist1d_cnn or mnist1d_mlp "
+    g.add_argument("--model", help="torchvision name (e.g. resnet50), small_resnet, mnist1d_cnn, mnist1d_mlp or linear "
                    + _defaults("model"))
-    g.add_argument("--data", help="synthetic (random ImageNet-shaped tensors), mnist1d (generated offline), "
+    g.add_argument("--data", help="synthetic or synthetic-loader (random ImageNet-shaped images through the "
+                                  "DataLoader: compute plus input path), synthetic-resident (one random batch "
+                                  "on the device, reused: compute only), mnist1d (generated offline), "
                                   "digits (scikit-learn's 8x8 images), or a directory with train/ and val/ "
                                   "class folders (full: required, never guessed; smoke: mnist1d)")
     g.add_argument("--image-size", type=int, help="crop size for image data " + _defaults("image_size"))
@@ -76,13 +78,37 @@ def build_parser(prog: str = PROG, description: str = "") -> ArgumentParser:
     g = p.add_argument_group("distribution and input pipeline")
     g.add_argument("--dist", choices=["none", "horovod", "ddp"],
                    help="horovod: start with horovodrun/mpirun/srun; ddp: torchrun or srun " + _defaults("dist"))
-    g.add_argument("--loader-workers", type=int, help="DataLoader worker processes per rank "
-                   + _defaults("loader_workers"))
+    g.add_argument("--loader-workers", type=_workers, metavar="N|auto",
+                   help="DataLoader worker processes per rank; auto: on a GPU the CPUs the rank has less one "
+                        "(at most 16), on a CPU 4 " + _defaults("loader_workers"))
+    g.add_argument("--input-dtype", choices=["auto", "float32", "uint8"],
+                   help="how images cross to the device: uint8, converted and normalised there, or float32 "
+                        "from the loader workers; auto: uint8 for images on a GPU, float32 on a CPU "
+                        + _defaults("input_dtype"))
+    _performance_flags(p)
+    g = p.add_argument_group("outputs")
+    g.add_argument("--results-dir", help="where the run record (JSON lines) goes " + _defaults("results_dir"))
+    g.add_argument("--run-name", help="record name (default: derived from the settings; never overwrites)")
+    g.add_argument("--checkpoint-dir", help="save every epoch and on SIGTERM/SIGUSR1; resume from the newest")
+    g.add_argument("--keep-checkpoints", type=int, help=_defaults("keep_checkpoints"))
+    g.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
+    g.add_argument("--quiet", action="store_const", const=True,
+                   help="no line per epoch; the run record still has every epoch")
+    return p
+
+
+def _performance_flags(p: ArgumentParser) -> None:
     g = p.add_argument_group("performance switches (off by default where they change numerics)")
     g.add_argument("--amp", choices=["none", "bf16", "fp16"], help="mixed precision autocast " + _defaults("amp"))
     g.add_argument("--channels-last", action="store_const", const=True,
                    help="NHWC memory layout (faster convs on GPUs)")
     g.add_argument("--compile", action="store_const", const=True, help="torch.compile the model")
+    g.add_argument("--compile-mode",
+                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="torch.compile's mode (implies --compile); reduce-overhead adds CUDA graphs on a GPU")
+    g.add_argument("--tf32", choices=["default", "on", "off"],
+                   help="TensorFloat-32 on Ampere and later GPUs: on (matmuls and convolutions), off (strict fp32), "
+                        "default (PyTorch's: cuDNN convolutions only) " + _defaults("tf32"))
     g.add_argument("--fp16-allreduce", action="store_const", const=True,
                    help="send gradients as fp16 (Horovod's compression; DDP's fp16_compress_hook)")
     g.add_argument("--ddp-bucket-mb", type=float, help="DDP: gradient bucket size in MB (default: PyTorch's 25)")
@@ -93,15 +119,15 @@ def build_parser(prog: str = PROG, description: str = "") -> ArgumentParser:
                    help="deterministic algorithms, no cuDNN autotuning (slower; for exact reproduction)")
     g.add_argument("--monitor", type=float, nargs="?", const=1.0, metavar="SECONDS",
                    help="sample CPU, memory, I/O and GPU utilisation every SECONDS (default 1) into the run record")
-    g = p.add_argument_group("outputs")
-    g.add_argument("--results-dir", help="where the run record (JSON lines) goes " + _defaults("results_dir"))
-    g.add_argument("--run-name", help="record name (default: derived from the settings; never overwrites)")
-    g.add_argument("--checkpoint-dir", help="save every epoch and on SIGTERM/SIGUSR1; resume from the newest")
-    g.add_argument("--keep-checkpoints", type=int, help=_defaults("keep_checkpoints"))
-    g.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
-    g.add_argument("--quiet", action="store_const", const=True,
-                   help="no line per epoch; the run record still has every epoch")
-    return p
+
+
+def _workers(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
 def to_config(args: Mapping[str, Any] | argparse.Namespace) -> TrainConfig:

@@ -101,9 +101,11 @@ def is_shards(path: str | Path) -> bool:
 
 class DecodedShards:
     """A split of a shard directory as a map-style dataset of (image tensor, label); training
-    items get a random ``crop`` and a horizontal flip, validation items a centre crop."""
+    items get a random ``crop`` and a horizontal flip, validation items a centre crop.
+    Images are normalised float32 CHW tensors, or with ``uint8`` the crop's uint8 CHW pixels
+    for the device to normalise (the same values, 4x fewer bytes to collate and copy)."""
 
-    def __init__(self, root: str | Path, split: str, *, crop: int, train: bool | None = None):
+    def __init__(self, root: str | Path, split: str, *, crop: int, train: bool | None = None, uint8: bool = False):
         root = Path(root)
         meta = json.loads((root / "shards.json").read_text())
         if crop > meta["image_size"]:
@@ -115,6 +117,7 @@ class DecodedShards:
         self.offsets = np.cumsum([0] + [len(a) for a in self.images])
         self.classes, self.crop, self.size = meta["classes"], crop, meta["image_size"]
         self.train = split == "train" if train is None else train
+        self.uint8 = uint8
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -132,5 +135,7 @@ class DecodedShards:
         else:
             o = (self.size - self.crop) // 2
             img = img[o:o + self.crop, o:o + self.crop]
+        if self.uint8:
+            return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))), int(self.labels[i])
         x = (np.ascontiguousarray(img, dtype=np.float32) / 255.0 - MEAN) / STD
         return torch.from_numpy(x.transpose(2, 0, 1).copy()), int(self.labels[i])

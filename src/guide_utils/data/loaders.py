@@ -1,8 +1,15 @@
 """Datasets by name: synthetic ImageNet-shaped tensors, MNIST-1D, or an ImageFolder tree.
 
-* ``synthetic``: like tf_cnn_benchmarks without ``--data_dir``, it measures compute and
-  communication, not JPEG decoding. Items come from a small pre-generated pool, so the
-  DataLoader never becomes the bottleneck, and item ``i`` is the same on every rank and run.
+* ``synthetic-loader`` (``synthetic`` is the same): random ImageNet-shaped images fed
+  through the DataLoader like real data, so it measures compute, communication *and* the
+  input path (batch assembly in the loader workers, pinning, the copy to the device), but no
+  JPEG decoding. Items come from a small pre-generated pool, and item ``i`` is the same on
+  every rank and run.
+* ``synthetic-resident``: one batch generated on the device once and reused every step, the
+  method of Horovod's ``pytorch_synthetic_benchmark.py`` and tf_cnn_benchmarks without
+  ``--data_dir``: what the device computes when nothing has to feed it. The engine builds
+  that batch (``engine.feed.ResidentBatches``); here it is the same dataset as the loader
+  mode, for the plan's sample counts and for validation.
 * ``mnist1d``: MNIST-1D (Greydanus, "Scaling down deep learning", 2020), a small real
   classification problem with enough samples for the large-batch effects to show on a CPU.
   It is *generated* (never downloaded) and cached as an .npz file.
@@ -44,16 +51,31 @@ class DataBundle:
     num_classes: int
     input_shape: tuple[int, ...]
     synthetic: bool = False
+    # the items are uint8 images that the engine converts to float32 and normalises with
+    # these (mean, std) on the device (``--input-dtype uint8``); None: items are ready floats
+    normalize: tuple[list[float], list[float]] | None = None
+    resident: bool = False  # synthetic-resident: the engine reuses one batch made on the device
+
+
+SYNTHETIC_MODES = {"synthetic": "synthetic-loader", "synthetic-loader": "synthetic-loader",
+                   "synthetic-resident": "synthetic-resident"}
+INPUT_DTYPES = ("auto", "float32", "uint8")
 
 
 class SyntheticImages(Dataset):
-    """``size`` ImageNet-shaped samples drawn from a pool of 64 fixed random images."""
+    """``size`` ImageNet-shaped samples drawn from a pool of 64 fixed random images.
+
+    float32: standard-normal pixels (already "normalised"). uint8: pixels uniform in 0..255,
+    to be normalised on the device like real images; 4x fewer bytes through the loader.
+    """
 
     POOL = 64
 
-    def __init__(self, size: int, image_size: int, num_classes: int, seed: int):
+    def __init__(self, size: int, image_size: int, num_classes: int, seed: int, *, uint8: bool = False):
         g = torch.Generator().manual_seed(seed)
-        self.images = torch.randn(self.POOL, 3, image_size, image_size, generator=g)
+        shape = (self.POOL, 3, image_size, image_size)
+        self.images = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) if uint8 \
+            else torch.randn(*shape, generator=g)
         self.labels = torch.randint(0, num_classes, (size,), generator=g)
         self.size = size
 
@@ -124,7 +146,7 @@ def _digits() -> DataBundle:
     return DataBundle("digits", TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]), 10, (1, 8, 8))
 
 
-def _image_folder(root: Path, image_size: int) -> DataBundle:
+def _image_folder(root: Path, image_size: int, uint8: bool = False) -> DataBundle:
     from torchvision import datasets, transforms
 
     if not root.exists():
@@ -149,25 +171,42 @@ def _image_folder(root: Path, image_size: int) -> DataBundle:
         only = sorted(set(splits["train"]) ^ set(splits["val"]))[:3]
         raise GuideError(f"{root}/train and {root}/val have different classes (e.g. {', '.join(only)}); "
                          "both need the same class folders")
-    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train_tf = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
-                                   transforms.ToTensor(), normalize])
+    # uint8: the tensor of the PIL image as it is; the device converts and normalises it
+    # (engine.feed) exactly as ToTensor and Normalize would have in the worker.
+    tail = [transforms.PILToTensor()] if uint8 else \
+        [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    train_tf = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(), *tail])
     val_tf = transforms.Compose([transforms.Resize(int(image_size * 256 / 224)), transforms.CenterCrop(image_size),
-                                 transforms.ToTensor(), normalize])
+                                 *tail])
     train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
     val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
-    return DataBundle(root.name, train, val, len(train.classes), (3, image_size, image_size))
+    return DataBundle(root.name, train, val, len(train.classes), (3, image_size, image_size),
+                      normalize=(IMAGENET_MEAN, IMAGENET_STD) if uint8 else None)
 
 
 def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, synthetic_size: int = 1024,
-               mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None) -> DataBundle:
-    """The datasets named by ``spec``: ``synthetic``, ``mnist1d``, ``digits`` or an ImageFolder directory."""
-    if spec == "synthetic":
+               mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None,
+               input_dtype: str = "float32") -> DataBundle:
+    """The datasets named by ``spec``: ``synthetic`` (``-loader``, ``-resident``), ``mnist1d``,
+    ``digits`` or an ImageFolder directory. ``input_dtype`` uint8: image items stay uint8 for
+    the device to normalise (``bundle.normalize``); the 1-D and digits sets are floats only."""
+    if input_dtype not in ("float32", "uint8"):
+        raise GuideError(f"--input-dtype must be auto, float32 or uint8, got {input_dtype!r}")
+    uint8 = input_dtype == "uint8"
+    if spec in SYNTHETIC_MODES:
         if synthetic_size <= 0:
             raise GuideError(f"--synthetic-size must be positive, got {synthetic_size}")
-        return DataBundle("synthetic", SyntheticImages(synthetic_size, image_size, num_classes, seed),
-                          SyntheticImages(max(synthetic_size // 4, 1), image_size, num_classes, seed + 1),
-                          num_classes, (3, image_size, image_size), synthetic=True)
+        resident = SYNTHETIC_MODES[spec] == "synthetic-resident"
+        uint8 = uint8 and not resident  # the resident batch is made on the device, as floats
+        # The loader mode keeps the name "synthetic": the recorded runs and checkpoints use it.
+        return DataBundle("synthetic-resident" if resident else "synthetic",
+                          SyntheticImages(synthetic_size, image_size, num_classes, seed, uint8=uint8),
+                          SyntheticImages(max(synthetic_size // 4, 1), image_size, num_classes, seed + 1, uint8=uint8),
+                          num_classes, (3, image_size, image_size), synthetic=True, resident=resident,
+                          normalize=(IMAGENET_MEAN, IMAGENET_STD) if uint8 else None)
+    if uint8 and spec in ("mnist1d", "digits"):
+        raise GuideError(f"--input-dtype uint8 is for images (synthetic, a folder, shards); {spec} is "
+                         "float data: use --input-dtype auto or float32")
     if spec == "mnist1d":
         if mnist1d_samples < 100:
             raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
@@ -179,32 +218,25 @@ def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, syn
     from .datasets import DecodedShards, is_shards
 
     if is_shards(spec):  # pre-decoded uint8 shards (guide_utils.data.datasets.write_shards)
-        train, val = DecodedShards(spec, "train", crop=image_size), DecodedShards(spec, "val", crop=image_size)
-        return DataBundle(Path(spec).name, train, val, len(train.classes), (3, image_size, image_size))
-    return _image_folder(Path(spec), image_size)
+        train = DecodedShards(spec, "train", crop=image_size, uint8=uint8)
+        val = DecodedShards(spec, "val", crop=image_size, uint8=uint8)
+        return DataBundle(Path(spec).name, train, val, len(train.classes), (3, image_size, image_size),
+                          normalize=(IMAGENET_MEAN, IMAGENET_STD) if uint8 else None)
+    return _image_folder(Path(spec), image_size, uint8)
 
 
 def describe(bundle: DataBundle) -> str:
     shape = ", ".join(map(str, bundle.input_shape))
+    feed = ", uint8 normalised on the device" if bundle.normalize else ""
     return (f"{bundle.name}: {len(bundle.train)} train / {len(bundle.val)} val samples, "
-            f"{bundle.num_classes} classes, input ({shape})")
+            f"{bundle.num_classes} classes, input ({shape}){feed}")
 
 
-def arrays(spec: str, *, mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None):
-    """The built-in real datasets as numpy arrays in channels-last layout, for frameworks
-    other than PyTorch (the TensorFlow door): ``(x_train, y_train, x_val, y_val)``.
-
-    Same samples and the same train/val split as ``build_data``: MNIST-1D as (N, 40, 1)
-    signals, digits as (N, 8, 8, 1) images scaled to 0..1.
-    """
-    if spec == "mnist1d":
-        if mnist1d_samples < 100:
-            raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
-        a = _mnist1d_arrays(mnist1d_samples, seed, cache_dir)
-        return (a["x"][..., None].astype(np.float32), a["y"].astype(np.int64),
-                a["x_test"][..., None].astype(np.float32), a["y_test"].astype(np.int64))
-    if spec == "digits":
-        b = _digits()
-        (xt, yt), (xv, yv) = b.train.tensors, b.val.tensors
-        return (xt.permute(0, 2, 3, 1).numpy(), yt.numpy(), xv.permute(0, 2, 3, 1).numpy(), yv.numpy())
-    raise GuideError(f"no array form of dataset {spec!r}; choose mnist1d or digits")
+def resolve_input_dtype(setting: str, spec: str, device_type: str) -> str:
+    """``--input-dtype auto``: uint8 for image data on a GPU (4x fewer bytes to assemble,
+    pin and copy; normalised there), float32 elsewhere (a CPU gains nothing, and the CPU
+    results stay what they were)."""
+    if setting != "auto":
+        return setting
+    images = spec in SYNTHETIC_MODES or spec not in ("mnist1d", "digits")
+    return "uint8" if device_type == "cuda" and images else "float32"

@@ -46,16 +46,18 @@ def environment(dist_kind: str, workers: int, **framework: Any) -> dict[str, Any
     (``GUIDE_NETWORK``, e.g. ``10Gbit/s``; None where it says nothing): no process can measure
     the link it was given, and runs on two networks (the SLICES benchmark's 1 and 10 Gbit/s)
     are otherwise the same runs."""
-    from ..runtime.slurm import SlurmJob
-
     env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(), **framework,
                            "dist": dist_kind, "workers": workers, "network": os.environ.get("GUIDE_NETWORK") or None}
     if dist_kind == "horovod":
         import horovod
 
         env["horovod"] = horovod.__version__
-    job = SlurmJob.from_env()
-    env["slurm"] = asdict(job) if job else None
+    env["slurm"] = None
+    if os.environ.get("SLURM_JOB_ID"):  # only a job needs the node-list parser (python-hostlist)
+        from ..runtime.slurm import SlurmJob
+
+        job = SlurmJob.from_env()
+        env["slurm"] = asdict(job) if job else None
     return env
 
 

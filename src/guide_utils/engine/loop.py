@@ -36,8 +36,8 @@ from .signals import StopFlag
 # (EX_TEMPFAIL in sysexits.h). Batch scripts requeue the job when they see it.
 EXIT_REQUEUE = 75
 # How often (iterations) the ranks agree on whether a stop was requested: each check is a
-# tiny allreduce, too cheap to matter every ten iterations, and a signal is acted on within
-# seconds.
+# tiny allreduce of a CPU tensor (Gloo; it never waits for the GPU), too cheap to matter every
+# ten iterations, and a signal is acted on within seconds. A run alone only reads its flag.
 STOP_CHECK_EVERY = 10
 
 
@@ -66,19 +66,21 @@ def train(cfg: TrainConfig) -> RunResult:
 def _train(cfg: TrainConfig, dist) -> RunResult:
     import torch
 
-    from ..data.loaders import build_data, describe
+    from ..data.loaders import build_data, describe, resolve_input_dtype
+    from .inputs import Inputs
 
     _configure_torch(cfg, dist)
     torch.manual_seed(cfg.seed)
     bundle = build_data(cfg.data, image_size=cfg.image_size, synthetic_size=cfg.synthetic_size,
-                        mnist1d_samples=cfg.mnist1d_samples, seed=cfg.seed)
+                        mnist1d_samples=cfg.mnist1d_samples, seed=cfg.seed,
+                        input_dtype=resolve_input_dtype(cfg.input_dtype, cfg.data, dist.device.type))
     model = _model(cfg, bundle, dist.device)
-    loaders = _Loaders(cfg, bundle, dist)
+    loaders = Inputs(cfg, bundle, dist)
     plan = RunPlan.make(cfg, workers=dist.size, samples_per_worker=len(loaders.sampler), data_name=describe(bundle))
     plan.check_ranks_agree(dist.allgather_object)  # a disagreement would hang the job at the first epoch's end
     st = run_state.build(cfg, plan, model, dist, data_name=bundle.name, num_classes=bundle.num_classes)
     book = RunBook(cfg, plan, framework="pytorch", prefix="[train]", is_root=dist.is_root, data=describe(bundle),
-                   environment=lambda: _environment(dist), run_name=st.run_name, resume=st.loaded is not None,
+                   environment=lambda: _environment(dist, loaders), run_name=st.run_name, resume=st.loaded is not None,
                    resuming=st.resuming)
     try:
         result = _epochs(cfg, plan, st, loaders, dist, book)
@@ -147,14 +149,15 @@ def _train_steps(cfg, plan, st, loaders, dist, epoch: int, first_step: int, stop
     loaders.sampler.set_start(first_step * plan.samples_per_step)
     sums = Sums(dist.device)
     if st.partial is not None and epoch == st.start_epoch and dist.is_root:
-        sums.t += torch.tensor(st.partial, dtype=torch.float64, device=dist.device)
+        sums.restore(st.partial)
     meter = ThroughputMeter(plan.samples_per_step, workers=plan.workers, warmup_iters=cfg.throughput_warmup_iters)
     st.model.train()
     bar = tqdm(total=plan.steps_per_epoch, initial=first_step, desc=f"epoch {epoch + 1}/{cfg.epochs}",
                disable=not (dist.is_root and cfg.progress), mininterval=2, leave=False, file=sys.stderr)
     step, stop_requested = first_step, False
+    cuda = dist.device.type == "cuda"
     meter.step()  # the clock starts when the first batch is requested
-    batches = iter(loaders.train)
+    batches = loaders.train_batches()
     while step < plan.steps_per_epoch:
         first = next(batches, None)
         if first is None:
@@ -164,19 +167,27 @@ def _train_steps(cfg, plan, st, loaders, dist, epoch: int, first_step: int, stop
         micro_batches = itertools.chain([first], itertools.islice(batches, plan.accumulate_steps - 1))
         _step(st, loaders.criterion, micro_batches, plan.accumulate_steps, sums)
         step += 1
-        if dist.device.type == "cuda" and step == plan.steps_per_epoch:
-            torch.cuda.synchronize()  # the clock must see the GPU finish
+        if cuda and (step == plan.steps_per_epoch or step - first_step == meter.warmup_iters):
+            # The clock must see the GPU finish: at the end, and where the timing starts (the
+            # host runs ahead of the GPU; queued warm-up steps must not count as measured).
+            torch.cuda.synchronize()
         meter.step()
         bar.update()
-        if step % STOP_CHECK_EVERY == 0 or step == plan.steps_per_epoch:
-            # All ranks must stop at the same step: agree on whether any saw a signal.
-            flag = dist.allreduce_mean(torch.tensor([1.0 if stop.signum else 0.0]), name="stop")
-            if flag.item() > 0:
-                stop_requested = True
-                if step < plan.steps_per_epoch:
-                    break
+        if (step % STOP_CHECK_EVERY == 0 or step == plan.steps_per_epoch) and _stop_agreed(dist, stop):
+            stop_requested = True
+            if step < plan.steps_per_epoch:
+                break
     bar.close()
     return sums, meter, step, stop_requested
+
+
+def _stop_agreed(dist, stop: StopFlag) -> bool:
+    """Whether any rank saw a stop signal; all ranks must stop at the same step."""
+    if dist.size == 1:
+        return bool(stop.signum)
+    import torch
+
+    return dist.allreduce_mean(torch.tensor([1.0 if stop.signum else 0.0]), name="stop").item() > 0
 
 
 def _step(st, criterion, micro_batches, n: int, sums: Sums) -> None:
@@ -189,8 +200,7 @@ def _step(st, criterion, micro_batches, n: int, sums: Sums) -> None:
     BatchNorm: BatchNorm normalises each micro-batch by its own statistics).
     """
     st.optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none; None is the default
-    for i, (images, target) in enumerate(micro_batches):
-        images, target = st.to_device(images, target)
+    for i, (images, target) in enumerate(micro_batches):  # on the device already (inputs.DeviceFeed)
         with distributed.Dist.no_sync(st.wrapped, final=i == n - 1):  # DDP: reduce on the last pass only
             with st.autocast():
                 output = st.model(images)
@@ -208,7 +218,7 @@ def _step(st, criterion, micro_batches, n: int, sums: Sums) -> None:
 
 def _train_and_val_metrics(sums: Sums, st, loaders, dist) -> dict[str, float]:
     train = sums.reduced(dist)
-    val = evaluate(st, loaders.val, loaders.criterion, dist)
+    val = evaluate(st, loaders.val_batches(), loaders.criterion, dist)
     return {"loss": train["loss"], "train_top1_err": train["top1_err"], "train_top5_err": train["top5_err"],
             "val_loss": val["loss"], "val_top1_err": val["top1_err"], "val_top5_err": val["top5_err"]}
 
@@ -231,6 +241,10 @@ def _configure_torch(cfg: TrainConfig, dist) -> None:
     if dist.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # Share the cores between the ranks on this node instead of each taking all.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_size))
+    if dist.device.type == "cuda":  # set either way: an earlier run in this process may have changed it
+        on = cfg.tf32 == "on"
+        torch.backends.cuda.matmul.allow_tf32 = on  # PyTorch's default: off
+        torch.backends.cudnn.allow_tf32 = on or cfg.tf32 == "default"  # PyTorch's default: on
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     elif dist.device.type == "cuda":
@@ -246,29 +260,7 @@ def _model(cfg: TrainConfig, bundle, device):
     return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
-class _Loaders:
-    """This rank's training and validation loaders, and the sampler that can resume mid-epoch."""
-
-    def __init__(self, cfg: TrainConfig, bundle, dist):
-        import torch
-        from torch.utils.data import DataLoader
-
-        from .sampling import ResumableSampler, SeededItems, ShardSampler
-
-        self.sampler = ResumableSampler(bundle.train, num_replicas=dist.size, rank=dist.rank, seed=cfg.seed)
-        kw: dict[str, Any] = {"num_workers": cfg.loader_workers, "pin_memory": dist.device.type == "cuda"}
-        if cfg.loader_workers > 0:
-            kw.update(persistent_workers=True, prefetch_factor=2)
-        # Only image folders carry random augmentation that needs per-sample seeding.
-        augmented = os.path.isdir(cfg.data)
-        self.train = DataLoader(SeededItems(bundle.train, cfg.seed, seeded=augmented),
-                                batch_size=cfg.per_worker_batch, sampler=self.sampler, drop_last=True, **kw)
-        self.val = DataLoader(SeededItems(bundle.val, cfg.seed, seeded=False), batch_size=cfg.per_worker_batch,
-                              sampler=ShardSampler(bundle.val, num_replicas=dist.size, rank=dist.rank), **kw)
-        self.criterion = torch.nn.CrossEntropyLoss()
-
-
-def _environment(dist) -> dict[str, Any]:
+def _environment(dist, loaders) -> dict[str, Any]:
     """The run's environment: the shared facts plus PyTorch's own."""
     from importlib.metadata import version
 
@@ -278,7 +270,8 @@ def _environment(dist) -> dict[str, Any]:
     # version string costs every worker over a CPU-second (it imports all its models).
     facts: dict[str, Any] = {"torch": torch.__version__, "torchvision": version("torchvision"),
                              "device": str(dist.device), "cpu_threads": torch.get_num_threads(),
-                             "gpu": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None}
+                             "gpu": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None,
+                             "loader_workers": loaders.workers, "input_dtype": loaders.input_dtype}
     if dist.kind == "horovod":
         facts["horovod_nccl"] = bool(dist._hvd.nccl_built())
         # what hvd.init() read: tensor fusion buffer and cycle time (Horovod 0.28.1's defaults if unset)

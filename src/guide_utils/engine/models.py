@@ -8,14 +8,16 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from ..core.errors import GuideError
 
-CUSTOM = ("small_resnet", "mnist1d_cnn", "mnist1d_mlp")
+CUSTOM = ("small_resnet", "mnist1d_cnn", "mnist1d_mlp", "linear")
 MODEL_CHOICES_HELP = ("a torchvision classifier (e.g. resnet50), small_resnet (2-D, CPU-sized), mnist1d_cnn or "
-                      "mnist1d_mlp (1-D)")
+                      "mnist1d_mlp (1-D), linear (any input; a step costs almost nothing)")
 
 
 class _Block(nn.Module):
@@ -64,6 +66,8 @@ def mnist1d_mlp(num_classes: int, length: int = 40, hidden: int = 64) -> nn.Modu
 def build_model(name: str, *, num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
     """The model called ``name`` for inputs of ``input_shape`` (without the batch dimension)."""
     one_d = len(input_shape) == 2
+    if name == "linear":  # one matrix: what is left of a step is the loop's own work (benchmarks)
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
     if name in ("mnist1d_cnn", "mnist1d_mlp"):
         if not one_d or input_shape[0] != 1:
             raise GuideError(f"model {name} takes 1-D signals, but the data has shape {tuple(input_shape)}; "

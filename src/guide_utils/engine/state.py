@@ -38,14 +38,6 @@ class TrainingState:
     loaded: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_device(self, images, target, *, non_blocking: bool = True):
-        device = next(self.module.parameters()).device
-        if images.dim() == 4:
-            images = images.to(device, non_blocking=non_blocking, memory_format=self.memory_format)
-        else:
-            images = images.to(device, non_blocking=non_blocking)
-        return images, target.to(device, non_blocking=non_blocking)
-
     @property
     def resuming(self) -> str:
         """How the banner says where the run picks up (empty for a fresh start)."""
@@ -92,7 +84,8 @@ def build(cfg: TrainConfig, plan: RunPlan, model, dist, *, data_name: str, num_c
         optimizer.load_state_dict(loaded.state["optimizer"])
         checkpoint.set_rng_state(loaded.state["rng"])
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    return TrainingState(model=torch.compile(model) if cfg.compile else model, module=module, wrapped=wrapped,
+    compiled = torch.compile(model, mode=cfg.compile_mode) if cfg.compile or cfg.compile_mode else model
+    return TrainingState(model=compiled, module=module, wrapped=wrapped,
                          optimizer=optimizer, scheduler=scheduler, scaler=scaler, memory_format=memory_format,
                          autocast=_autocast(cfg, dist.device), meta=meta,
                          **{"run_name": cfg.run_name, **resume})

@@ -9,6 +9,12 @@ reported and *not* kept; a step marked ``always`` changes the situation (real da
 of synthetic, two workers instead of one) and is kept whatever it costs, because that cost is
 what the next steps have to win back.
 
+:func:`device_steps` is the same order for the compute kernels on whatever device the walk
+finds, GPU first in mind: fp32 -> TF32 -> bf16 autocast -> channels_last -> torch.compile ->
+CUDA graphs, on a batch resident on the device (compute only), then the input path: the
+loader-fed batches, loader workers, uint8 batches normalised on the device. On a CPU the
+GPU-only steps (TF32, CUDA graphs) are skipped with the reason.
+
 ``benchmarks/stepwise_tuning.py`` runs the walk and records it; chapter 12 shows the record,
 re-measures one step live, profiles a step with ``torch.profiler`` and shows the utilisation
 of an input-bound and a compute-bound run (``--monitor``).
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..core.errors import GuideError
 from .runs import Setup, throughput
 
 BASE = {"--profile": "full", "--model": "resnet18", "--data": "synthetic", "--image-size": "64",
@@ -63,6 +70,52 @@ def steps(data: dict[str, str] | None = None) -> list[Step]:
     ]
 
 
+# The device walk's start: strict fp32 on a resident batch, no loader workers.
+DEVICE_BASE = {"--profile": "full", "--model": "resnet50", "--data": "synthetic-resident", "--image-size": "224",
+               "--per-worker-batch": "128", "--epochs": "1", "--max-steps-per-epoch": "30", "--loader-workers": "0",
+               "--synthetic-size": "4096", "--tf32": "off", "--input-dtype": "float32"}
+
+
+def device_steps(device_type: str) -> tuple[list[Step], list[tuple[str, str]]]:
+    """The kernel-then-input walk for ``device_type`` ("cuda" or "cpu"): (steps, skipped
+    steps with the reason)."""
+    gpu = [
+        (Step("compute kernels", "TF32", (("--tf32", "on"),), note="TensorFloat-32 matmuls and convolutions"),
+         "TF32 is a GPU number format (Ampere and later); a CPU computes fp32"),
+        (Step("compute kernels", "bf16 autocast", (("--amp", "bf16"),), note="bfloat16 matmuls and convolutions"),
+         None),
+        (Step("compute kernels", "channels_last", (("--channels-last", None),), note="NHWC memory layout"), None),
+        (Step("compute kernels", "torch.compile", (("--compile", None),), note="inductor-generated kernels"), None),
+        (Step("compute kernels", "CUDA graphs", (("--compile-mode", "reduce-overhead"),),
+              note="torch.compile's reduce-overhead mode: the step's kernels replayed as one graph"),
+         "CUDA graphs replay GPU kernel launches; a CPU has none to save"),
+        (Step("input pipeline", "fed by the loader", (("--data", "synthetic-loader"),), always=True,
+              note="float32 batches from a DataLoader in the main process instead of the resident batch"), None),
+        (Step("input pipeline", "loader workers", (("--loader-workers", "auto"),),
+              note="batches assembled by DataLoader worker processes (auto: the CPUs per GPU less one)"), None),
+        (Step("input pipeline", "uint8 input", (("--input-dtype", "uint8"),),
+              note="uint8 batches, converted and normalised on the device"), None),
+    ]
+    steps = [s for s, why in gpu if device_type == "cuda" or why is None]
+    skipped = [(s.name, why) for s, why in gpu if device_type != "cuda" and why is not None]
+    return steps, skipped
+
+
+def measure_here(flags: dict[str, str | None], workers: int = 1) -> float:
+    """Images/s of one engine run of ``flags`` in this process (the device walk: no start-up
+    per measurement, one process holding the GPU)."""
+    import tempfile
+
+    steps = int(flags.get("--max-steps-per-epoch") or 20)
+    with tempfile.TemporaryDirectory() as results:
+        # a third of a short run is warm-up (cuDNN's autotuning, the allocator), at most 10 steps
+        rate = run_here(flags, results, throughput_warmup_iters=max(1, min(10, steps // 3))).epochs.iloc[0][
+            "images_per_second"]
+    if rate is None or rate != rate:
+        raise GuideError(f"no throughput measured in {steps} steps; give the walk more --steps")
+    return float(rate)
+
+
 def argv(flags: dict[str, str | None]) -> list[str]:
     out = []
     for k, v in flags.items():
@@ -78,18 +131,21 @@ def _setup(name: str, flags: dict[str, str | None], workers: int) -> Setup:
 
 
 def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, base: dict | None = None,
-         progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Measure every step against the configuration before it; one row per step."""
+         progress: Callable[[str], None] | None = None, measure: Callable[[dict, int], float] | None = None,
+         on_row: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+    """Measure every step against the configuration before it; one row per step.
+    ``measure(flags, workers)`` gives images/s (default: a fresh process per run);
+    ``on_row`` sees each row as soon as it is measured."""
+    measure = measure or (lambda flags, workers: throughput(_setup("run", flags, workers), []))
     kept: dict[str, str | None] = dict(base or BASE)
     workers, rows = 1, []
     for step in walk_steps:
-        before = _setup("before", kept, workers)
         trial = {**kept, **dict(step.flags)}
-        after = _setup("after", trial, step.workers)
+        runs = {"before": (kept, workers), "after": (trial, step.workers)}
         rates: dict[str, list[float]] = {"before": [], "after": []}
         for r in range(repeats):
-            for s in ((before, after) if r % 2 == 0 else (after, before)):
-                rates[s.name].append(throughput(s, []))
+            for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                rates[name].append(measure(*runs[name]))
         ratio = statistics.median(a / b for a, b in zip(rates["after"], rates["before"]))
         keep = step.always or ratio >= 1 + min_gain
         rows.append({"stage": step.stage, "step": step.name, "note": step.note, "workers": step.workers,
@@ -99,6 +155,8 @@ def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, ba
                      "after_runs": [round(x, 1) for x in rates["after"]], "flags": argv(dict(step.flags))})
         if progress:
             progress(f"{step.stage:<16} {step.name:<22} x{ratio:.3f} {'kept' if keep else 'not kept'}")
+        if on_row:
+            on_row(rows[-1])
         if keep:
             kept, workers = trial, step.workers
     return rows

@@ -1,0 +1,71 @@
+"""The recorded GPU figures: every number is the one its quoted log line states, and the
+record of a GPU check is written from run_h100.sh's outputs."""
+
+import json
+import statistics
+
+import pytest
+
+from guide_utils.perf import gpu_records, record
+
+
+def _stated(value: float, text: str) -> bool:
+    return f"{value:.1f}" in text or f"{value:.0f} img/s" in text
+
+
+def test_every_h100_figure_is_the_number_its_log_line_states():
+    meta, rows = record.read(gpu_records.BEFORE)
+    assert meta["commit"] == "22a266a" and meta["date"] == "2026-11-27" and "H100" in meta["hardware"]
+    assert len(rows) == 13
+    for r in rows:
+        quoted = " ".join(s["text"] for s in r["source"])
+        runs = r["images_per_second_runs"]
+        assert _stated(statistics.median(runs), quoted) or all(_stated(v, quoted) for v in runs), r["id"]
+
+
+def test_the_figures_the_chapters_cite():
+    _, t = gpu_records.before()
+    ips = t["images_per_second"]
+    assert ips["resident_bf16_cl_b128"] == 3704.5 and ips["resident_fp32_b128"] == 1801.6
+    assert round(ips["engine_bf16_cl_b128"] / ips["resident_bf16_cl_b128"], 2) == 0.69
+    assert round(ips["engine_bf16_cl_b128"] / ips["hand_bf16_cl_b128"], 3) == 0.837
+    run = gpu_records.compile_run()
+    assert run.environment["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert round(run.epochs.iloc[0]["images_per_second"], 1) == ips["engine_bf16_cl_compile_b128"]
+
+
+def test_a_gpu_check_becomes_a_record(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "env.txt").write_text("date: 2026-11-27T06:00:00Z\nsmoke: 0\ngpu NVIDIA H100 80GB HBM3\n")
+    line = {"step": "A", "benchmark": "engine_vs_hand_loop", "data": "synthetic-loader", "amp": "bf16",
+            "engine_images_per_second": [3500.0, 3600.0], "hand_images_per_second": [3600.0, 3650.0],
+            "ratio": 3550 / 3625, "resident_images_per_second": [3700.0], "ratio_to_resident": 3550 / 3700}
+    (out / "results.jsonl").write_text(json.dumps(line) + "\n" + json.dumps({"benchmark": "step_overhead"}) + "\n")
+    dest = gpu_records.record_check(out, tmp_path / "after.jsonl", commit="abc1234")
+    first, *rows = [json.loads(x) for x in dest.read_text().splitlines()]
+    assert first["commit"] == "abc1234" and first["smoke"] is False and "H100" in " ".join(first["env"])
+    assert rows[0] == {"kind": "benchmark", **line} and len(rows) == 2
+    t = gpu_records.after_table(rows)
+    assert t.loc[0, ["engine", "hand", "resident"]].tolist() == [3550.0, 3625.0, 3700.0] and len(t) == 1
+    (out / "env.txt").write_text("date: 2026-11-27T06:00:00Z\nsmoke: 1\n")
+    with pytest.raises(ValueError, match="smoke run"):
+        gpu_records.record_check(out, tmp_path / "smoke.jsonl", commit="abc1234")
+    (out / "results.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no benchmark results"):
+        gpu_records.record_check(out, tmp_path / "empty.jsonl", commit="abc1234")
+
+
+def test_a_run_outside_slurm_needs_no_python_hostlist(monkeypatch):
+    # the GPU check's machine may lack python-hostlist: the engine imports it only in a job
+    import sys
+
+    from guide_utils.engine.bookkeeping import environment
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # `import hostlist` now raises ImportError
+    monkeypatch.delitem(sys.modules, "guide_utils.runtime.slurm", raising=False)
+    assert environment("none", 1)["slurm"] is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    with pytest.raises(ImportError):
+        environment("none", 1)
