@@ -110,7 +110,8 @@ else
 fi
 # The job finds the repository and the site in its environment. Exported rather than
 # listed in --export=ALL,NAME=value, which splits values at commas (a path may have one).
-export GUIDE_ROOT GUIDE_SITE
+# GUIDE_SUBMITTED: the job's options come from the profile (guide_check_request trusts them).
+export GUIDE_ROOT GUIDE_SITE GUIDE_SUBMITTED=submit.sh
 opts+=(--export=ALL)
 
 cmd=(sbatch ${opts[@]+"${opts[@]}"} ${sbatch_opts[@]+"${sbatch_opts[@]}"} "$script" ${train_args[@]+"${train_args[@]}"})

@@ -317,3 +317,56 @@ def test_guide_doctor_quick_reaches_the_doctor_and_a_typo_is_one_line(tmp_path, 
         (call,) = calls
         assert call[call.index("doctor"):] == ["doctor", "--framework", "pytorch", "--dist", "ddp", "--profile", "smoke",
                                                "--quick"], call
+
+
+GPU_PROFILE = APPTAINER_PROFILE.replace('GUIDE_CPUS_PER_TASK=1 GUIDE_GPU_REQUEST=""',
+                                        'GUIDE_CPUS_PER_TASK=8 GUIDE_GPU_REQUEST="--gpus-per-node=%d"')
+
+
+@pytest.mark.parametrize("job, missing", [
+    ("", "1 CPU(s) per task where the profile asks 8 and no GPU where the profile asks --gpus-per-node=%d"),
+    ("SLURM_CPUS_PER_TASK=8 SLURM_GPUS_ON_NODE=0", "no GPU where the profile asks --gpus-per-node=%d"),
+    ("SLURM_CPUS_PER_TASK=8 SLURM_JOB_GPUS=0,1", None),  # plain sbatch given the profile's request
+    ("GUIDE_SUBMITTED=submit.sh", None),  # submit.sh's jobs: the profile is in the options
+], ids=["bare", "no-gpu", "carried", "submit.sh"])
+def test_a_plain_sbatch_job_without_the_sites_request_stops_before_anything_runs(tmp_path, job, missing):
+    """`sbatch SCRIPT` gets only the script's #SBATCH lines: at a GPU site it would train on
+    the CPU, one CPU per task. Inside such a job guide_setup stops at once, in one line that
+    says to use submit.sh, before the doctor or any step; a job of submit.sh, or one whose
+    options carried the profile's CPUs per task and GPUs, goes on (to its doctor here)."""
+    container = tmp_path / "guide.sif"
+    container.write_text("")
+    start = f"export SLURM_JOB_ID=5 SLURM_JOB_NAME=01_single_gpu_baseline {job}\nguide_setup pytorch none"
+    out, calls = _source_guide(tmp_path, GPU_PROFILE.format(container=container, flags="()"), start)
+    if missing is None:
+        assert calls and "doctor" in calls[0], out.stderr
+        return
+    assert out.returncode == 2 and not calls, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line == (f"error: job 5 has {missing} ({tmp_path / 'my site.sh'}): plain sbatch applies none of the site "
+                    "profile; submit with slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch")
+
+
+def test_the_warning_reaches_the_engines_processes_and_not_their_launchers():
+    """GUIDE_ENGINE_MATCH, the default of guide_signal_training: the training processes as each
+    launcher starts them, never the launcher (torchrun and horovodrun die of a USR1, and their
+    workers' checkpoint with them) nor a shell around a worker."""
+    proc = subprocess.run(["bash", "-c", 'source "$0"; printf "%s\\n" "$GUIDE_ENGINE_MATCH"',
+                           str(EXAMPLES / "lib/guide.sh")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "GUIDE_ROOT": str(REPO)})
+    pattern = proc.stdout.strip()
+    assert proc.returncode == 0 and pattern, proc.stderr
+    cmdlines = {  # as /proc/PID/cmdline reads, arguments joined by spaces
+        "/v/bin/python -m guide_utils.train --profile smoke --dist horovod ": True,  # srun's, mpirun's task
+        "/v/bin/python3.11 -u -m guide_utils.train --profile smoke --dist ddp ": True,  # torchrun's worker
+        "python -m guide_utils.train_tf --dist mwms ": True,
+        "/v/bin/python /v/bin/torchrun --standalone --nproc-per-node=2 -m guide_utils.train --dist ddp ": False,
+        "/v/bin/python /v/bin/horovodrun --gloo -np 2 -H localhost:2 python -m guide_utils.train ": False,
+        "/bin/sh -c cd /x >/dev/null 2>&1 ; python -m guide_utils.train --dist horovod ": False,  # horovodrun's shell
+        "mpirun -np 4 --map-by ppr:2:node python -m guide_utils.train ": False,
+        "srun --kill-on-bad-exit=1 python -m guide_utils.train ": False,
+        "/r/slurm_examples/lib/apptainer_env.sh apptainer exec x.sif python -m guide_utils.train ": False,
+        "python -m guide_utils.trainer ": False,
+        "python -m guide_utils task-probe ": False,
+    }
+    assert {line: bool(re.search(pattern, line)) for line in cmdlines} == cmdlines

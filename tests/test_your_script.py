@@ -146,8 +146,8 @@ def test_the_warning_reaches_the_readers_program_and_not_its_launcher():
     }
     for line, (pattern, expected) in cmdlines.items():
         assert bool(re.search(pattern, line)) == expected, (pattern, line)
-    # The guide's own scripts keep their default: the engine's processes, whatever starts them.
-    assert '"${GUIDE_SIGNAL_MATCH:-guide_utils[.]train}"' in (REPO / "slurm_examples/lib/guide.sh").read_text()
+    # The guide's own scripts keep their default, the engine's processes (tests/test_slurm_scripts.py).
+    assert '"${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}"' in (REPO / "slurm_examples/lib/guide.sh").read_text()
 
 
 # -- Two workers under their launchers ------------------------------------------------------------

@@ -92,6 +92,23 @@ guide_load_site() {
     guide_check_site "$GUIDE_SITE_FILE"
 }
 
+# Whether this job got what the profile asks for. #SBATCH lines cannot read a profile, so the
+# GPUs, CPUs per task and account come from submit.sh, which marks its jobs (GUIDE_SUBMITTED).
+# A script given to plain `sbatch` gets none of them: at a site with a default account it would
+# train on the CPU with one CPU per task and pass the doctor as a CPU job. Such a job stops
+# here, unless its sbatch options carried the profile's GPUs and CPUs per task themselves.
+guide_check_request() {
+    [[ -n ${SLURM_JOB_ID:-} && -z ${GUIDE_SUBMITTED:-} ]] || return 0
+    local missing="" gpus=${SLURM_GPUS_ON_NODE:-${SLURM_JOB_GPUS:-}}
+    [[ ${SLURM_CPUS_PER_TASK:-1} == "$GUIDE_CPUS_PER_TASK" ]] ||
+        missing="${SLURM_CPUS_PER_TASK:-1} CPU(s) per task where the profile asks $GUIDE_CPUS_PER_TASK"
+    [[ -z $GUIDE_GPU_REQUEST || (-n $gpus && $gpus != 0) ]] ||
+        missing+="${missing:+ and }no GPU where the profile asks $GUIDE_GPU_REQUEST"
+    [[ -z $missing ]] ||
+        guide_die "job $SLURM_JOB_ID has $missing ($GUIDE_SITE_FILE): plain sbatch applies none of the site" \
+                  "profile; submit with slurm_examples/submit.sh slurm_examples/${SLURM_JOB_NAME:-SCRIPT}.sbatch"
+}
+
 # The GPU request of a job that runs N tasks per node, in the site's syntax: N per node
 # (a request with %d), or the site's per-task request as it is. Empty on CPU sites.
 guide_gpu_option() {
@@ -155,8 +172,8 @@ guide_banner() {
     printf '== dataset %s\n' "${GUIDE_DATASET_ARCHIVE:-"(none: the smoke profile's own data; the full profile needs --data)"}"
     printf '== framework %s, --dist %s, processes started by %s\n' "$GUIDE_FRAMEWORK" "$GUIDE_DIST" \
         "$(case $GUIDE_LAUNCH in tasks) echo srun ;; node) echo "a launcher per node" ;; shell) echo "a launcher in this shell" ;; esac)"
-    printf '== CPUs per task %s (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS %s, site srun options: %s\n' \
-        "${SRUN_CPUS_PER_TASK:-?}" "${OMP_NUM_THREADS:-?}" "${GUIDE_SRUN_ARGS[*]:-none}"
+    printf '== CPUs per task %s, per srun task %s (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS %s, site srun options: %s\n' \
+        "${SLURM_CPUS_PER_TASK:-?}" "${SRUN_CPUS_PER_TASK:-?}" "${OMP_NUM_THREADS:-?}" "${GUIDE_SRUN_ARGS[*]:-none}"
     local quick=()
     [[ ${GUIDE_DOCTOR:-full} == full ]] || quick=(--quick)
     ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --framework "$GUIDE_FRAMEWORK" --dist "$GUIDE_DIST" \
@@ -254,11 +271,15 @@ guide_task_options() {
     # srun in Slurm 22.05-23.02 does not take --cpus-per-task from the job: without this, a
     # site that binds tasks to cores gives each training process (and its data loaders) ONE
     # CPU. Threaded libraries use what the task has, unless the profile says otherwise.
+    local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1}))
     if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
         export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
         export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
+        # A launcher in this shell that reaches the nodes through srun (mpirun: one daemon per
+        # node, started by a plain srun that reads this variable) must own each node's CPUs:
+        # with one task's worth, every rank of the node and its data loaders would share them.
+        [[ $GUIDE_LAUNCH != shell ]] || export SRUN_CPUS_PER_TASK=$((per_node * SLURM_CPUS_PER_TASK))
     fi
-    local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1}))
     if [[ $GUIDE_DIST == horovod && $GUIDE_LAUNCH == tasks ]]; then
         [[ $GUIDE_SRUN_MPI != none ]] ||
             guide_die "GUIDE_SRUN_MPI=none in $GUIDE_SITE_FILE: Horovod under srun needs srun's MPI plugin; use DIST=ddp" \
@@ -295,6 +316,7 @@ guide_setup() {
     [[ $GUIDE_LAUNCH == tasks || $GUIDE_LAUNCH == node || $GUIDE_LAUNCH == shell ]] ||
         guide_die "guide_setup: launch '$GUIDE_LAUNCH' must be tasks, node or shell"
     guide_load_site
+    guide_check_request
     guide_software
     guide_task_options
     guide_banner
@@ -309,13 +331,22 @@ guide_setup() {
                        --checkpoint-dir "$GUIDE_CHECKPOINTS")
 }
 
+# The guide's own training processes: a Python interpreter whose first argument that is not
+# a flag is `-m guide_utils.train` or `-m guide_utils.train_tf` (as srun, mpirun, horovodrun
+# and torchrun start them: torchrun adds -u). Anchored, so that the launchers' own command
+# lines, which name the module further on (`python .../torchrun ... -m guide_utils.train`,
+# `python .../horovodrun ... python -m guide_utils.train`, `mpirun ...`, `srun ...`), do not
+# match: torchrun and horovodrun do not trap USR1 and die of it, and the workers' checkpoint
+# dies with them.
+GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf)?( |$)'
+
 # Send a signal to this job's training processes on every node, whatever started them: srun
 # and mpirun pass a USR1 on to their tasks, but torchrun and horovodrun would die of it (or
 # end their workers with a grace of seconds). A step of one task per node finds them by the
 # job id in their environment and by their command line: GUIDE_SIGNAL_MATCH, an extended
 # regular expression matched against it (arguments joined by spaces), by default the guide's
-# own training commands; 16_your_own_script.sbatch sets it from the reader's command
-# (guide_command_match). --overlap lets the step run beside the training step.
+# own training processes (GUIDE_ENGINE_MATCH); 16_your_own_script.sbatch sets it from the
+# reader's command (guide_command_match). --overlap lets the step run beside the training step.
 guide_signal_training() {
     # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
@@ -324,7 +355,7 @@ guide_signal_training() {
             tr "\0" "\n" 2>/dev/null <"$d/environ" | grep -qx "SLURM_JOB_ID=$2" || continue
             tr "\0" " " 2>/dev/null <"$d/cmdline" | grep -Eq -- "$3" && kill "-$1" "${d#/proc/}" 2>/dev/null
         done
-        exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-guide_utils[.]train}" ||
+        exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" ||
         echo "== could not signal every node (srun exit $?)" >&2
 }
 
@@ -372,6 +403,9 @@ guide_run_requeueable() {
         ((usr1)) || break  # an interrupted wait returns early; wait again for the real status
     done
     trap - USR1
+    # The launcher's own status after a warning: 138 (128 + USR1) would say the signal reached
+    # the launcher rather than only the training processes.
+    ((!warned)) || echo "== launch ended with status $status after the warning"
     # After a warning, any failure with a checkpoint on disk is a stop to resume from: 75 from
     # the training itself, or the status a launcher makes of it (torchrun: 1).
     if ((status == 75)) || { ((warned && status != 0)) && compgen -G "$GUIDE_CHECKPOINTS/*" >/dev/null; }; then
