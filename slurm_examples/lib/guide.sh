@@ -61,6 +61,8 @@ guide_check_site() {
         guide_die "GUIDE_TRAIN_PROFILE='$GUIDE_TRAIN_PROFILE' in $file must be smoke or full"
     [[ ${GUIDE_DOCTOR:-full} == full || $GUIDE_DOCTOR == quick ]] ||
         guide_die "GUIDE_DOCTOR='$GUIDE_DOCTOR' in $file must be full or quick (or unset: full)"
+    [[ ${GUIDE_HOROVOD:-yes} == yes || $GUIDE_HOROVOD == no ]] ||
+        guide_die "GUIDE_HOROVOD='$GUIDE_HOROVOD' in $file must be yes or no (or unset: yes)"
     case $GUIDE_SOFTWARE in
         venv) [[ -n ${GUIDE_VENV:-} ]] || guide_die "GUIDE_SOFTWARE=venv in $file needs GUIDE_VENV (the virtual environment)" ;;
         modules) [[ -n ${GUIDE_MODULES:-} ]] || guide_die "GUIDE_SOFTWARE=modules in $file needs GUIDE_MODULES (what to module load)" ;;
@@ -70,7 +72,7 @@ guide_check_site() {
     [[ -z $GUIDE_DATASET_ARCHIVE || -n ${GUIDE_DATASET_NAME:-} ]] ||
         guide_die "GUIDE_DATASET_ARCHIVE is set in $file but GUIDE_DATASET_NAME (the folder inside the archive) is not"
     # Lists of arguments are arrays, so that a value with a space (a path) stays one argument.
-    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS GUIDE_SRUN_ARGS; do
+    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS GUIDE_SRUN_ARGS GUIDE_SHARED_SBATCH GUIDE_SHARED_SRUN_ARGS; do
         [[ -z ${!name+set} || $(declare -p "$name" 2>/dev/null) == "declare -a"* ]] ||
             guide_die "$name in $file must be an array, e.g. $name=(--one --two \"a value\"), not a string"
     done
@@ -242,11 +244,23 @@ guide_release_scratch() {
 
 # The switch every training script has: DIST=horovod (the thesis's) or ddp (PyTorch's own
 # DistributedDataParallel, which needs no Horovod: Horovod 0.28.1 of June 2023 is its last
-# release, and many sites' PyTorch modules come without it). guide_dist DEFAULT prints it.
+# release, and many sites' PyTorch modules come without it). guide_dist DEFAULT prints it:
+# DIST if set, else the script's DEFAULT, except that a site whose software has no Horovod
+# for its GPUs (GUIDE_HOROVOD=no) gets ddp instead of a job that queues, then stops at the doctor.
 guide_dist() {
+    [[ -n ${GUIDE_SITE_FILE:-} ]] || guide_load_site
     local dist=${DIST:-$1}
+    [[ -n ${DIST:-} || $dist != horovod || ${GUIDE_HOROVOD:-yes} == yes ]] || dist=ddp
     [[ $dist == horovod || $dist == ddp ]] || guide_die "DIST=$dist: choose horovod or ddp"
     printf '%s\n' "$dist"
+}
+
+# Whether this job is smaller than one node (one node, fewer tasks than the site's GPUs per
+# node) at a site that bills such jobs differently (GUIDE_SHARED_SBATCH): submit.sh then asks
+# with those options instead of the partition and extras, and the steps take the
+# GUIDE_SHARED_SRUN_ARGS (binding masks for a whole node do not fit a part of one).
+guide_shared_job() {  # NODES TASKS_PER_NODE
+    [[ -n ${GUIDE_SHARED_SBATCH[*]+set} && $1 == 1 && $2 -lt $GUIDE_TASKS_PER_NODE ]]
 }
 
 # CPUs and GPUs as the training processes see them, checked inside the job before it trains:
@@ -286,6 +300,9 @@ guide_task_options() {
                       "(or LAUNCHER=mpirun in 03)"
         mpi=(--mpi="$GUIDE_SRUN_MPI")
     fi
+    if guide_shared_job "$nodes" "$per_node"; then
+        GUIDE_SRUN_ARGS=(${GUIDE_SHARED_SRUN_ARGS[@]+"${GUIDE_SHARED_SRUN_ARGS[@]}"})
+    fi
     GUIDE_SRUN_TASKS=(--kill-on-bad-exit=1 ${mpi[@]+"${mpi[@]}"} ${GUIDE_SRUN_ARGS[@]+"${GUIDE_SRUN_ARGS[@]}"}
                       ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
     # One launcher per node gets the CPUs (and, at a per-task GPU site, the GPUs) of all
@@ -297,6 +314,15 @@ guide_task_options() {
     GUIDE_SRUN_NODES=(--kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1
                       --cpus-per-task=$((per_node * ${SLURM_CPUS_PER_TASK:-1})) ${node_gpus[@]+"${node_gpus[@]}"}
                       ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+}
+
+# Where run records and checkpoint folders go: GUIDE_RESULTS_DIR and GUIDE_CHECKPOINT_ROOT,
+# else under the profile's GUIDE_OUTPUT, else in the repository.
+guide_results_dir() {
+    printf '%s\n' "${GUIDE_RESULTS_DIR:-${GUIDE_OUTPUT:-$GUIDE_ROOT}/results}"
+}
+guide_checkpoint_root() {
+    printf '%s\n' "${GUIDE_CHECKPOINT_ROOT:-${GUIDE_OUTPUT:-$GUIDE_ROOT}/checkpoints}"
 }
 
 # Everything a script does before its launch line: guide_setup FRAMEWORK DIST [LAUNCH], the
@@ -322,9 +348,11 @@ guide_setup() {
     guide_banner
     guide_check_tasks
     guide_stage_data
-    GUIDE_RESULTS_DIR=${GUIDE_RESULTS_DIR:-$GUIDE_ROOT/results}
+    # Run records and checkpoints under the profile's GUIDE_OUTPUT (a project's scratch: the
+    # repository often sits in $HOME, whose quota a few ResNet-50 checkpoints fill), else here.
+    GUIDE_RESULTS_DIR=$(guide_results_dir)
     # This job's own checkpoints; the jobs of one chain (chain.sh) share the chain's.
-    GUIDE_CHECKPOINTS=${GUIDE_CHAIN_CHECKPOINTS:-${GUIDE_CHECKPOINT_ROOT:-$GUIDE_ROOT/checkpoints}/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}}
+    GUIDE_CHECKPOINTS=${GUIDE_CHAIN_CHECKPOINTS:-$(guide_checkpoint_root)/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}}
     # shellcheck disable=SC2034  # used by the sbatch scripts' launch lines
     GUIDE_TRAIN_FLAGS=(--profile "$GUIDE_TRAIN_PROFILE" ${GUIDE_DATA_ARGS[@]+"${GUIDE_DATA_ARGS[@]}"}
                        ${GUIDE_TRAIN_ARGS[@]+"${GUIDE_TRAIN_ARGS[@]}"} --results-dir "$GUIDE_RESULTS_DIR" --no-progress
