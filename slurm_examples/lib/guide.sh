@@ -181,6 +181,14 @@ guide_banner() {
     ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --framework "$GUIDE_FRAMEWORK" --dist "$GUIDE_DIST" \
         --profile "$GUIDE_TRAIN_PROFILE" ${quick[@]+"${quick[@]}"} ||
         guide_die "guide_utils doctor: the software environment cannot run --framework $GUIDE_FRAMEWORK --dist $GUIDE_DIST (PROBLEM above)"
+    # A PyTorch job on GPUs of several nodes: which network NCCL (RCCL) uses between them. A
+    # site's network plugin that does not load leaves NCCL on TCP sockets, slower by an order of
+    # magnitude, and nothing else says so.
+    if [[ $GUIDE_FRAMEWORK == pytorch && $GUIDE_DIST != none && -n $GUIDE_GPU_REQUEST && ${SLURM_JOB_NUM_NODES:-1} -gt 1 &&
+          ${GUIDE_DOCTOR:-full} == full ]]; then
+        ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --network ||
+            guide_die "guide_utils doctor --network: NCCL would not use this site's network between the nodes (PROBLEM above)"
+    fi
 }
 
 # Unpack the dataset archive to node-local disk, once per node (one task per node, in
