@@ -159,7 +159,8 @@ def _gpu_problems(node: str, tasks: list[dict[str, Any]]) -> list[str]:
     blind = [t for t in tasks if _blind(t)]
     if blind:
         evidence = next(t["job_gpus"] for t in tasks if t["job_gpus"])
-        seen = f"{blind[0]['gpu_variable']} is empty" if blind[0]["gpu_variable"] else "no device list, no SLURM_GPUS_ON_NODE"
+        variable = blind[0]["gpu_variable"]
+        seen = f"{variable} is empty" if variable else "no device list, no SLURM_GPUS_ON_NODE"
         problems.append(f"rank(s) {_ranks(blind)} on {node} see no GPU ({seen}) although the job has GPUs "
                         f"({evidence}), so they would train on the CPU: start the step with the job's GPUs (no "
                         f"--gpus=0 or --gres=none on srun; e.g. srun --gpus-per-task=1)")
