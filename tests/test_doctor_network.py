@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from guide_utils.cluster.doctor_probes import expects_plugin, network_problems, nccl_network
+from guide_utils.cluster.doctor_probes import expects_plugin, judge_network, network_problems, nccl_network
 
 SLINGSHOT = {"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "FI_CXI_DISABLE_HOST_REGISTER": "1"}
 
@@ -83,3 +84,21 @@ def test_the_check_on_a_node_without_a_gpu_says_so_and_passes():
     if "not checked" not in out.stdout:
         pytest.skip(f"this machine has a GPU: {out.stdout.strip()}")
     assert out.returncode == 0 and out.stdout.strip() == "network  not checked (no GPU here: NCCL needs one)"
+
+
+RECORDED = Path(__file__).parent / "data" / "nccl"
+
+
+def test_recorded_runs_of_the_probe_are_judged():
+    """The probe as it ran on one NVIDIA H100 (80GB HBM3, PyTorch 2.11.0+cu130 with NCCL 2.28.9,
+    no network plugin, Ethernet only; 2026-11-27, channel lines left out): sockets, which are
+    this machine's network; and with NCCL_NET="AWS Libfabric" and no plugin, NCCL stops."""
+    log = (RECORDED / "2.28.9-h100-sockets.log").read_text()
+    line, problems = judge_network(0, log, {})
+    assert line == "network  NCCL 2.28.9: Socket (net plugin: none)" and problems == []
+    [problem] = judge_network(0, log, SLINGSHOT)[1]
+    assert problem.startswith("NCCL uses TCP sockets between nodes (it found no network plugin")
+    forced = (RECORDED / "2.28.9-h100-nccl-net-forced.log").read_text()
+    line, [problem] = judge_network(1, forced, {"NCCL_NET": "AWS Libfabric"})
+    assert line == "network  NCCL 2.28.9 did not start"
+    assert "NCCL WARN Failed to initialize any NET plugin" in problem and "NCCL_NET='AWS Libfabric'" in problem

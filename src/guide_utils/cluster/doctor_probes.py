@@ -184,15 +184,21 @@ def network_report(env: Mapping[str, str] = os.environ, timeout: float = 180) ->
                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return "network  NCCL probe did not finish", [f"creating one NCCL communicator took over {timeout:.0f} s"]
-    log = out.stdout + out.stderr
     if "GUIDE_NO_GPU" in out.stdout:
         return "network  not checked (no GPU here: NCCL needs one)", []
+    return judge_network(out.returncode, out.stdout + out.stderr, env)
+
+
+def judge_network(returncode: int, log: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """The report line and PROBLEM lines of one probe run (its exit status and NCCL's log)."""
     found = nccl_network(log)
-    if out.returncode != 0:
-        last = [line for line in log.strip().splitlines() if line.strip()][-1:] or [f"exit {out.returncode}"]
-        return (f"network  {found['library'] or 'NCCL'} did not start",
-                [f"one NCCL communicator failed ({last[0][-200:]}); with NCCL_NET set NCCL stops when that "
-                 f"plugin does not load: check the site's aws-ofi plugin (NCCL_DEBUG=INFO shows the search)"])
+    if returncode != 0:
+        lines = [line.strip() for line in log.splitlines() if line.strip()]
+        error = next((line for line in lines if " WARN " in line or "Error" in line), lines[-1] if lines else "")
+        return (f"network  {found['library'] or 'NCCL'} {found['version'] or '?'} did not start",
+                [f"one NCCL communicator failed ({error[-160:] or f'exit {returncode}'}); with NCCL_NET="
+                 f"{env.get('NCCL_NET', '')!r} NCCL stops when that plugin does not load: put the site's aws-ofi "
+                 f"plugin on LD_LIBRARY_PATH or load its module (NCCL_DEBUG=INFO shows where NCCL looked)"])
     plugin = found["plugin"] or ("none" if found["no_plugin"] else "?")
     ofi = f" ({found['ofi']})" if found["ofi"] else ""
     return (f"network  {found['library'] or 'NCCL'} {found['version'] or '?'}: {found['network'] or '?'} "
