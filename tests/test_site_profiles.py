@@ -381,3 +381,20 @@ def test_results_and_checkpoints_default_to_the_sites_scratch(site, output):
     script = 'guide_load_site; guide_results_dir; guide_checkpoint_root'
     assert _in_guide(site, script, PSCRATCH="/pscratch/me") == [f"{output}/results", f"{output}/checkpoints"]
     assert _in_guide(site, script, GUIDE_RESULTS_DIR="/r", GUIDE_CHECKPOINT_ROOT="/c") == ["/r", "/c"]
+
+
+def test_one_torchrun_per_node_keeps_the_sites_cpu_masks():
+    """LUMI binds each task to the cores next to its GCD by a mask. One torchrun per node is
+    one task for all eight processes: it gets the union of the eight masks (every core but
+    the first of each L3 group, which LUMI keeps for the system), not an unbound node; a
+    job smaller than a node (small-g) has no masks at all, and a site without masks none."""
+    def job(n: int, nodes: int) -> str:
+        return (f"export SLURM_JOB_ID=5 SLURM_NTASKS={n} SLURM_JOB_NUM_NODES={nodes} SLURM_CPUS_PER_TASK=7; "
+                "guide_load_site; GUIDE_EXEC=() GUIDE_DIST=ddp GUIDE_LAUNCH=node; guide_task_options; "
+                'printf "%s\\n" "${GUIDE_SRUN_NODES[@]}"')
+    whole = _in_guide("lumi-like", job(16, 2))
+    assert "--cpu-bind=mask_cpu:0xfefefefefefefefe" in whole and "--cpus-per-task=56" in whole, whole
+    shared = _in_guide("lumi-like", job(1, 1))
+    assert not [o for o in shared if o.startswith("--cpu-bind")], shared
+    puhti = _in_guide("puhti-like", job(8, 2))
+    assert not [o for o in puhti if o.startswith("--cpu-bind")], puhti

@@ -370,3 +370,18 @@ def test_the_warning_reaches_the_engines_processes_and_not_their_launchers():
         "python -m guide_utils task-probe ": False,
     }
     assert {line: bool(re.search(pattern, line)) for line in cmdlines} == cmdlines
+
+
+def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_image():
+    """apptainer_env.sh (before `apptainer exec --cleanenv`): libfabric's (FI_*), Cray MPICH's,
+    ROCm's (HSA_*, MIOPEN_*) and NCCL's settings and PYTHONUNBUFFERED reach the image; the
+    host's library and Python paths do not."""
+    given = {"FI_CXI_DISABLE_HOST_REGISTER": "1", "MPICH_GPU_SUPPORT_ENABLED": "1", "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+             "MIOPEN_USER_DB_PATH": "/tmp/miopen", "NCCL_NET": "AWS Libfabric", "PYTHONUNBUFFERED": "1",
+             "LD_LIBRARY_PATH": "/opt/host/lib", "PYTHONPATH": "/opt/host/py"}
+    out = subprocess.run([str(EXAMPLES / "lib/apptainer_env.sh"), "env"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], **given}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    passed = dict(line.removeprefix("APPTAINERENV_").split("=", 1) for line in out.stdout.splitlines()
+                  if line.startswith("APPTAINERENV_"))
+    assert passed == {k: v for k, v in given.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}

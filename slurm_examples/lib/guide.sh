@@ -319,9 +319,26 @@ guide_task_options() {
     local node_gpus=() per_task=1
     [[ ! $GUIDE_GPU_REQUEST =~ gpus-per-task[=\ ]*([0-9]+) ]] || per_task=${BASH_REMATCH[1]}
     [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres=gpu:$((per_node * per_task)))
+    local node_bind=()
+    mapfile -t node_bind < <(guide_node_cpu_bind "$per_node")
     GUIDE_SRUN_NODES=(--kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1
                       --cpus-per-task=$((per_node * ${SLURM_CPUS_PER_TASK:-1})) ${node_gpus[@]+"${node_gpus[@]}"}
-                      ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+                      ${node_bind[@]+"${node_bind[@]}"} ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+}
+
+# The CPU binding of one launcher per node (torchrun) where the site binds each task by a
+# mask (LUMI's, the cores next to each GCD): the union of the masks of the node's first N
+# tasks, so that the launcher and the processes it starts keep to the cores the site meant
+# for them (the site's reserved cores stay free). Nothing where the site names no masks.
+guide_node_cpu_bind() {  # TASKS_PER_NODE
+    local arg masks union i
+    for arg in ${GUIDE_SRUN_ARGS[@]+"${GUIDE_SRUN_ARGS[@]}"}; do
+        [[ $arg == --cpu-bind=*mask_cpu:* ]] || continue
+        IFS=, read -ra masks <<<"${arg#*mask_cpu:}"
+        union=0
+        for ((i = 0; i < $1 && i < ${#masks[@]}; i++)); do union=$((union | 16#${masks[i]#0x})); done
+        printf -- '--cpu-bind=mask_cpu:0x%x\n' "$union"
+    done
 }
 
 # Where run records and checkpoint folders go: GUIDE_RESULTS_DIR and GUIDE_CHECKPOINT_ROOT,
