@@ -23,14 +23,23 @@ try:  # the GPU architectures this build has kernels for (empty on CPU-only buil
     arch = torch.cuda.get_arch_list()
 except Exception:
     pass
+driver = None
+try:  # NVIDIA: the newest CUDA the driver supports, e.g. 12040 for 12.4 (NVML, nvidia-ml-py)
+    if torch.version.cuda:
+        import pynvml
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetCudaDriverVersion()
+except Exception:
+    pass
 if torch.cuda.is_available():
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         gpus.append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
-                     "capability": "sm_%d%d" % torch.cuda.get_device_capability(i)})
+                     "capability": "sm_%d%d" % torch.cuda.get_device_capability(i),
+                     "gfx": getattr(p, "gcnArchName", None) if torch.version.hip else None})
 print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
                   "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip, "arch_list": arch,
-                  "gpus": gpus}))
+                  "cuda_driver": driver, "gpus": gpus}))
 """,
     "tensorflow": """
 import json, os
