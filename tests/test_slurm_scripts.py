@@ -385,3 +385,54 @@ def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_imag
     passed = dict(line.removeprefix("APPTAINERENV_").split("=", 1) for line in out.stdout.splitlines()
                   if line.startswith("APPTAINERENV_"))
     assert passed == {k: v for k, v in given.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
+
+
+# What srun reads for its CPUs per task, by Slurm version (guide_srun_cpu_env), and what mpirun
+# gets for its per-node daemons: checked against src/srun/opt.c and src/common/env.c at the tags
+# slurm-21-08-8-2, 22-05-8-1, 23-02-7-1, 23-11-0-1 and 24-11-0-1, and CHANGELOG/slurm-22.05.md
+# and slurm-23.11.md. Only 22.05 runs here (the test Slurm); the other rows are the documented ones.
+SLURM_RULES = {
+    "21.08": ([], ["OMPI_MCA_plm_slurm_args=--cpus-per-task=16", "PRTE_MCA_plm_slurm_args=--cpus-per-task=16"]),
+    "22.05": (["SRUN_CPUS_PER_TASK=4"], ["SRUN_CPUS_PER_TASK=4", "OMPI_MCA_plm_slurm_args=--cpus-per-task=16",
+                                         "PRTE_MCA_plm_slurm_args=--cpus-per-task=16"]),
+    "23.02": (["SRUN_CPUS_PER_TASK=4"], ["SRUN_CPUS_PER_TASK=4", "OMPI_MCA_plm_slurm_args=--cpus-per-task=16",
+                                         "PRTE_MCA_plm_slurm_args=--cpus-per-task=16"]),
+    "23.11": ([], []),  # srun reads SLURM_CPUS_PER_TASK again; mpirun's srun is an --external-launcher step
+    "24.11": ([], []),
+}
+
+
+@pytest.mark.parametrize("version", sorted(SLURM_RULES))
+def test_the_cpus_of_srun_steps_follow_the_slurm_version(version):
+    """4 CPUs per task, 4 tasks per node: srun tasks (and a launcher per node, whose srun line
+    names its CPUs itself) need SRUN_CPUS_PER_TASK only where srun reads nothing else; mpirun's
+    daemons get the node's 16 CPUs on their srun line until Slurm starts them itself."""
+    tasks, shell = SLURM_RULES[version]
+    script = f'guide_srun_cpu_env {version} 4 4 tasks; echo --; guide_srun_cpu_env {version} 4 4 shell'
+    out, _ = _source_guide_plain(script)
+    assert out.split("--\n") == ["".join(f"{line}\n" for line in lines) for lines in (tasks, shell)]
+
+
+def test_the_jobs_own_slurm_version_decides(tmp_path):
+    """Inside a job, guide_task_options asks this Slurm's srun for its version: under 23.11 no
+    SRUN_CPUS_PER_TASK is exported (srun no longer reads it) and mpirun's srun gets Slurm's own
+    --external-launcher, which a site's value of OMPI_MCA_plm_slurm_args keeps."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\n[ "$1" = --version ] && echo "slurm 23.11.4"\n')
+    (bin_dir / "srun").chmod(0o755)
+    job = ("export SLURM_JOB_ID=5 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=2 SLURM_CPUS_PER_TASK=4 "
+           "OMPI_MCA_plm_slurm_args=--external-launcher; GUIDE_SITE_FILE=x GUIDE_GPU_REQUEST= GUIDE_EXEC=() "
+           "GUIDE_DIST=horovod GUIDE_LAUNCH=shell GUIDE_SRUN_MPI=pmix; guide_task_options; "
+           'echo "${SRUN_CPUS_PER_TASK:-unset} $OMPI_MCA_plm_slurm_args $OMP_NUM_THREADS"')
+    out, _ = _source_guide_plain(job, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert out.strip() == "unset --external-launcher 4"
+
+
+def _source_guide_plain(script: str, **env: str) -> tuple[str, str]:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM_", "SRUN_", "OMPI_MCA_plm", "GUIDE_", "OMP_NUM_THREADS"))}
+    out = subprocess.run(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\n{script}'],
+                         env={**clean, "GUIDE_ROOT": str(REPO), **env}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout, out.stderr

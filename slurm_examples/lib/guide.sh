@@ -286,21 +286,53 @@ guide_check_tasks() {
         guide_die "guide_utils doctor --tasks: the training processes would not get the CPUs or GPUs this job asked for (PROBLEM above)"
 }
 
+# This Slurm's version as MAJOR.MINOR (srun --version: "slurm 23.11.4", "slurm-wlm 22.05.8");
+# empty when there is no srun here.
+guide_slurm_version() {
+    local out
+    out=$(srun --version 2>/dev/null) || return 0
+    if [[ $out =~ ([0-9]+)\.([0-9]+) ]]; then
+        printf '%d.%02d\n' "$((10#${BASH_REMATCH[1]}))" "$((10#${BASH_REMATCH[2]}))"
+    fi
+}
+
+# The variables that give srun steps the job's CPUs per task, for Slurm VERSION (MAJOR.MINOR;
+# empty: unknown, taken as 22.05), CPUS per task, TASKS per node and the LAUNCH kind, one
+# NAME=value a line. What srun reads differs by version (Slurm's CHANGELOG/slurm-22.05.md and
+# slurm-23.11.md, and src/srun/opt.c at slurm-21-08-8-2, 22-05-8-1, 23-02-7-1, 23-11-0-1, 24-11-0-1):
+#   before 22.05  srun takes --cpus-per-task from SLURM_CPUS_PER_TASK, the job's: nothing to do
+#   22.05-23.02   it reads SRUN_CPUS_PER_TASK instead, so the job's value must be put there
+#   23.11 on      it reads SLURM_CPUS_PER_TASK again (SRUN_CPUS_PER_TASK no longer)
+# A launcher in this shell that reaches the nodes through a plain srun (mpirun: one daemon per
+# node) must have each node's CPUs for all the ranks it starts there: before 23.11 that srun
+# would take one task's worth (SLURM_ or SRUN_CPUS_PER_TASK), so mpirun passes it
+# --cpus-per-task for the node (OMPI_MCA_plm_slurm_args, PRTE_... for Open MPI 5); from 23.11
+# on, Slurm itself sets those to --external-launcher, a step made for such launchers.
+guide_srun_cpu_env() {  # VERSION CPUS TASKS LAUNCH
+    local version=${1:-22.05} major minor
+    major=$((10#${version%%.*})) minor=$((10#${version#*.}))
+    local v=$((major * 100 + minor)) name
+    ((v < 2205 || v >= 2311)) || echo "SRUN_CPUS_PER_TASK=$2"
+    if [[ $4 == shell ]] && ((v < 2311)); then
+        for name in OMPI_MCA_plm_slurm_args PRTE_MCA_plm_slurm_args; do
+            echo "$name=${!name:+${!name} }--cpus-per-task=$(($2 * $3))"
+        done
+    fi
+}
+
 # The environment and srun options of the job's training steps, for GUIDE_DIST and
 # GUIDE_LAUNCH (see guide_setup; interactive engines use them too). After guide_software:
 # GUIDE_EXEC ends each option list.
 guide_task_options() {
-    # srun in Slurm 22.05-23.02 does not take --cpus-per-task from the job: without this, a
-    # site that binds tasks to cores gives each training process (and its data loaders) ONE
-    # CPU. Threaded libraries use what the task has, unless the profile says otherwise.
-    local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1}))
+    # The CPUs of the training steps, by what this Slurm's srun reads (guide_srun_cpu_env):
+    # without it, a site that binds tasks to cores gives each training process (and its data
+    # loaders) ONE CPU. Threaded libraries use what the task has, unless the profile says otherwise.
+    local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1})) line
     if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
-        export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+        while read -r line; do
+            [[ -z $line ]] || export "${line?}"
+        done < <(guide_srun_cpu_env "$(guide_slurm_version)" "$SLURM_CPUS_PER_TASK" "$per_node" "$GUIDE_LAUNCH")
         export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
-        # A launcher in this shell that reaches the nodes through srun (mpirun: one daemon per
-        # node, started by a plain srun that reads this variable) must own each node's CPUs:
-        # with one task's worth, every rank of the node and its data loaders would share them.
-        [[ $GUIDE_LAUNCH != shell ]] || export SRUN_CPUS_PER_TASK=$((per_node * SLURM_CPUS_PER_TASK))
     fi
     if [[ $GUIDE_DIST == horovod && $GUIDE_LAUNCH == tasks ]]; then
         [[ $GUIDE_SRUN_MPI != none ]] ||
