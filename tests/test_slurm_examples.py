@@ -34,6 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
 SHORT = ("--max-steps-per-epoch", "6")  # every epoch's plumbing (records, resume, sync check), little compute
 QUICK = ("--epochs", "2", *SHORT)
+# A job warned after its first epoch: three, so that the warning lands before the last one
+# (a warning during the last epoch lets the run finish instead of stopping it).
+WARNED = ("--epochs", "3", *SHORT)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -161,13 +164,14 @@ JOBS: dict[str, Job] = {
        for script, dist, sbatch, _ in TENSORFLOW},
     # torchrun is warned like 01 (USR1 to the batch shell): its workers must still checkpoint.
     **{f"test_multi_node[{launcher}]": Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": launcher},
+                                           train=WARNED if launcher == "torchrun" else QUICK,
                                            broken_horovod=dist == "ddp", full_doctor=True,
                                            usr1_after_epoch=launcher == "torchrun", watch_steps=launcher == "mpirun")
        for launcher, dist in MULTI_NODE},
     # horovodrun and torchrun are warned like 01: the signal must reach their workers, not them.
     "test_one_node_data_parallel[horovod]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "horovod"},
-                                                 comma_path=True, usr1_after_epoch=True),
-    "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"},
+                                                 train=WARNED, comma_path=True, usr1_after_epoch=True),
+    "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"}, train=WARNED,
                                              broken_horovod=True, full_doctor=True, usr1_after_epoch=True),
     # Binding: the per-task check on bare steps, and a job whose site binds tasks to cores.
     **{f"test_{name}": Job(name, via="sbatch") for name in ("probes_cpus", "probes_gpus", "probes_sites")},
@@ -417,6 +421,10 @@ def _requeued_and_resumed(jobs: Submission, records: list[dict], run) -> None:
     assert ended and "138" not in ended, log[-3000:]
 
 
+def _epochs(job: Job) -> int:
+    return int(job.train[job.train.index("--epochs") + 1])
+
+
 def _finished(run, epochs: int = 2) -> None:
     assert run.epochs["epoch"].tolist() == list(range(1, epochs + 1)), run.path
     assert run.summary is not None and run.summary["completed_epochs"] == epochs, run.path
@@ -517,7 +525,7 @@ def test_one_node_data_parallel(jobs, dist):
     passed in --export=ALL,NAME=value, where a comma splits it)."""
     records = jobs.wait_completed()
     (run,) = jobs.runs()
-    _finished(run)
+    _finished(run, _epochs(jobs.job))
     assert (run.config["dist"], run.environment["workers"]) == (dist, 2)
     if jobs.job.usr1_after_epoch:
         _requeued_and_resumed(jobs, records, run)
@@ -530,7 +538,7 @@ def test_multi_node(jobs, launcher):
     dist = dict(MULTI_NODE)[launcher]
     records = jobs.wait_completed()
     (run,) = jobs.runs()
-    _finished(run)
+    _finished(run, _epochs(jobs.job))
     if jobs.job.usr1_after_epoch:
         _requeued_and_resumed(jobs, records, run)
     assert (run.config["dist"], run.environment["workers"]) == (dist, 4)
