@@ -34,9 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
 SHORT = ("--max-steps-per-epoch", "6")  # every epoch's plumbing (records, resume, sync check), little compute
 QUICK = ("--epochs", "2", *SHORT)
-# A job warned after its first epoch: three, so that the warning lands before the last one
-# (a warning during the last epoch lets the run finish instead of stopping it).
-WARNED = ("--epochs", "3", *SHORT)
+# A job warned after its first epoch: four short ones, so that the warning is acted on before
+# the last (the ranks look at it when an epoch's steps end; one that comes during the last
+# epoch lets the run finish instead of stopping it, and the warning step takes seconds to start).
+WARNED = ("--epochs", "4", *SHORT)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -170,7 +171,8 @@ JOBS: dict[str, Job] = {
        for launcher, dist in MULTI_NODE},
     # horovodrun and torchrun are warned like 01: the signal must reach their workers, not them.
     "test_one_node_data_parallel[horovod]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "horovod"},
-                                                 train=WARNED, comma_path=True, usr1_after_epoch=True),
+                                                 train=WARNED, comma_path=True, usr1_after_epoch=True,
+                                                 first_epoch=r"^\[0\]<stdout>:\[train\] epoch 1/"),  # horovodrun's prefix
     "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"}, train=WARNED,
                                              broken_horovod=True, full_doctor=True, usr1_after_epoch=True),
     # Binding: the per-task check on bare steps, and a job whose site binds tasks to cores.
