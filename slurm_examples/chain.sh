@@ -31,8 +31,13 @@ for arg in ${train_args[@]+"${train_args[@]}"}; do
 done
 
 # One checkpoint folder for the whole chain (each job has its own job id); the jobs find it
-# in their environment (submit.sh passes it on with --export=ALL).
-ckpt=${GUIDE_CHECKPOINT_ROOT:-$(cd "$here/.." && pwd)/checkpoints}/chain-$(date +%Y%m%d-%H%M%S)-$$
+# in their environment (submit.sh passes it on with --export=ALL). Where the jobs keep theirs:
+# under the site profile's GUIDE_OUTPUT, else in the repository (guide_checkpoint_root).
+GUIDE_ROOT=${GUIDE_ROOT:-$(cd "$here/.." && pwd)}
+# shellcheck source=slurm_examples/lib/guide.sh
+source "$here/lib/guide.sh"
+guide_load_site
+ckpt=$(guide_checkpoint_root)/chain-$(date +%Y%m%d-%H%M%S)-$$
 export GUIDE_CHAIN_CHECKPOINTS=$ckpt
 echo "checkpoints: $ckpt"
 prev=""

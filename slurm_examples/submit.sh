@@ -89,12 +89,25 @@ if [[ -n $workers ]]; then
 elif [[ -n $user_tasks || -z $script_tasks ]]; then
     opts+=(--ntasks-per-node="$tasks")
 fi
+# The job's nodes: --workers', else an explicit --nodes, else the script's.
+job_nodes=${nodes:-$script_nodes}
+for opt in ${sbatch_opts[@]+"${sbatch_opts[@]}"}; do
+    [[ ! $opt =~ ^(--nodes=|-N)([0-9]+)$ ]] || job_nodes=${BASH_REMATCH[2]}
+done
 [[ -z $GUIDE_ACCOUNT ]] || opts+=(--account="$GUIDE_ACCOUNT")
-[[ -z $GUIDE_PARTITION ]] || opts+=(--partition="$GUIDE_PARTITION")
+shared=0
+guide_shared_job "${job_nodes:-0}" "$tasks" && shared=1
+# A job smaller than a node, at a site that bills whole nodes in its usual partition or QOS:
+# the profile's options for shared nodes instead of the partition and the extras.
+((shared)) || [[ -z $GUIDE_PARTITION ]] || opts+=(--partition="$GUIDE_PARTITION")
 opts+=(--cpus-per-task="$GUIDE_CPUS_PER_TASK")
 gpu=$(guide_gpu_option "$tasks")  # one GPU per task actually run on a node
 [[ -z $gpu ]] || opts+=("$gpu")
-opts+=(${GUIDE_SBATCH_EXTRA[@]+"${GUIDE_SBATCH_EXTRA[@]}"})
+if ((shared)); then
+    opts+=(${GUIDE_SHARED_SBATCH[@]+"${GUIDE_SHARED_SBATCH[@]}"})
+else
+    opts+=(${GUIDE_SBATCH_EXTRA[@]+"${GUIDE_SBATCH_EXTRA[@]}"})
+fi
 
 log_dir=${GUIDE_LOG_DIR:-$GUIDE_ROOT/logs}
 # A job array (the script's #SBATCH --array, or --array=... given here): one log per task.
@@ -110,7 +123,8 @@ else
 fi
 # The job finds the repository and the site in its environment. Exported rather than
 # listed in --export=ALL,NAME=value, which splits values at commas (a path may have one).
-export GUIDE_ROOT GUIDE_SITE
+# GUIDE_SUBMITTED: the job's options come from the profile (guide_check_request trusts them).
+export GUIDE_ROOT GUIDE_SITE GUIDE_SUBMITTED=submit.sh
 opts+=(--export=ALL)
 
 cmd=(sbatch ${opts[@]+"${opts[@]}"} ${sbatch_opts[@]+"${sbatch_opts[@]}"} "$script" ${train_args[@]+"${train_args[@]}"})

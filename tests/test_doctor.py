@@ -115,6 +115,33 @@ def test_a_gpu_the_build_has_no_kernels_for_is_a_problem():
     assert diagnose(healthy(torch=dict(torch, gpus=[a100] * 4))).usable
 
 
+# As a ROCm 6.2 build of PyTorch reports them on an MI250X node (get_arch_list(), gcnArchName).
+ROCM62_TARGETS = ["gfx900", "gfx906", "gfx908", "gfx90a", "gfx1030", "gfx1100", "gfx942"]
+MI250X_GCD = {"name": "AMD Instinct MI250X", "memory_gib": 64.0, "capability": "sm_90", "gfx": "gfx90a:sramecc+:xnack-"}
+
+
+def test_an_amd_gpu_the_rocm_build_has_no_code_objects_for_is_a_problem():
+    """gfx90a (MI250X) is among ROCm 6.2's targets; a build without it fails at its first
+    kernel, which the doctor says before the job trains."""
+    rocm = {"torch": "2.5.1+rocm6.2", "torchvision": "0.20.1", "torch_cuda": None, "torch_hip": "6.2.41133",
+            "arch_list": ROCM62_TARGETS, "gpus": [MI250X_GCD] * 8}
+    env = {"ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    assert diagnose(healthy(torch=rocm, gpu_env=env)).usable
+    narrow = dict(rocm, arch_list=["gfx1030", "gfx1100"])  # a build for Radeon cards only
+    problems = [p for p in diagnose(healthy(torch=narrow, gpu_env=env)).problems if "ROCm targets" in p]
+    assert len(problems) == 8 and "gfx90a" in problems[0] and "no code object" in problems[0], problems
+
+
+def test_a_driver_older_than_the_builds_cuda_is_a_problem():
+    """cudaDriverGetVersion 11080 (a CUDA 11.8 driver) cannot start a CUDA 12 build; a 12.4
+    driver runs a 12.6 build (minor version compatibility)."""
+    torch = {"torch": "2.5.1", "torchvision": "0.20.1", "torch_cuda": "12.4", "arch_list": ["sm_80", "sm_90"],
+             "gpus": [dict(A100, capability="sm_80")], "cuda_driver": 11080}
+    [problem] = [p for p in diagnose(healthy(torch=torch)).problems if "driver" in p]
+    assert "supports CUDA up to 11.8" in problem and "built for CUDA 12.4" in problem
+    assert diagnose(healthy(torch=dict(torch, cuda_driver=12040, torch_cuda="12.6"))).usable
+
+
 def test_tensorflow_216_is_a_problem_only_where_horovod_is_used():
     tf216 = {"tensorflow": "2.16.1", "keras": "3.3.3"}
     mwms = diagnose(healthy(tensorflow=tf216, job=Job(framework="tensorflow", dist="mwms")))

@@ -118,10 +118,27 @@ def test_a_task_of_a_gpu_job_without_a_gpu_is_a_problem():
 def test_a_step_started_without_the_job_s_gpus_is_a_problem():
     """srun --gres=none in a GPU job: Slurm sets no device list, SLURM_JOB_GPUS comes from the job."""
     [problem] = diagnose(node_of(2, SLURM_JOB_GPUS="0,1"))
-    assert "rank(s) 0,1 on n1 see no GPU (no CUDA_VISIBLE_DEVICES)" in problem and "--gres=none" in problem
-    # A count alone (GPUs without device files): every task sees the node's GPUs, none is judged.
-    counted = node_of(2, SLURM_GPUS_ON_NODE="2")
+    assert "rank(s) 0,1 on n1 see no GPU (no device list, no SLURM_GPUS_ON_NODE)" in problem
+    assert "--gres=none" in problem
+    # A job-wide count alone: every task sees the node's GPUs, none is judged.
+    counted = node_of(2, SLURM_GPUS_PER_NODE="2")
     assert diagnose(counted) == [] and "GPU by rank: 0:? 1:? (?: no device list" in render(counted, [])
+
+
+def test_gpus_per_task_without_binding_give_each_rank_its_own_gpu():
+    """--gpus-per-task=1 --gpu-bind=none (the Perlmutter-like profile), as Slurm 22.05 starts
+    it on the test Slurm: no device list, no SLURM_STEP_GPUS, the step's count in
+    SLURM_GPUS_ON_NODE and the job's list from the batch shell. Each task sees the node's GPUs
+    and takes its own by local rank; one GPU for two ranks is still a problem."""
+    unbound = {"SLURM_GPUS_ON_NODE": "2", "SLURM_GPUS_PER_TASK": "1", "SLURM_JOB_GPUS": "0,1"}
+    probes = node_of(2, **unbound)
+    assert [p["gpu"] for p in probes] == ["0", "1"] and diagnose(probes) == []
+    assert "GPU by rank: 0:0 1:1" in render(probes, [])
+    [problem] = diagnose(node_of(2, **{**unbound, "SLURM_GPUS_ON_NODE": "1"}))
+    assert "ranks 0,1 on GPU 0" in problem
+    # The same job's step started with --gres=none: no count, so no GPU.
+    [problem] = diagnose(node_of(2, SLURM_GPUS_PER_TASK="1", SLURM_JOB_GPUS="0,1"))
+    assert "see no GPU" in problem
 
 
 def test_a_cpu_job_has_no_gpu_problems():
@@ -263,6 +280,7 @@ STEPS = {  # probe file: srun options of its step, in a job of -N2 --ntasks-per-
     "gres2": "-N1 -n2 -c1 --gres=gpu:2",
     "gres1": "-N1 -n2 -c1 --gres=gpu:1",
     "per_task": "-N1 -n2 -c1 --gpus-per-task=1",
+    "per_task_unbound": "-N1 -n2 -c1 --gpus-per-task=1 --gpu-bind=none",
     "no_gpus": "-N1 -n2 -c1 --gres=none",
 }
 
@@ -298,3 +316,5 @@ def test_the_probes_of_a_real_slurm_job(cluster, tmp_path):
     assert fine == {f: [] for f in fine}, fine
     per_task = read_probes((tmp_path / "per_task.jsonl").read_text(), "per_task")
     assert sorted(p["visible_gpus"] for p in per_task) == [["0"], ["1"]]  # a list per task
+    unbound = read_probes((tmp_path / "per_task_unbound.jsonl").read_text(), "per_task_unbound")
+    assert sorted(p["gpu"] for p in unbound) == ["0", "1"] and {p["visible_gpus"] for p in unbound} == {None}

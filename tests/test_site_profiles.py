@@ -36,6 +36,7 @@ class Expected:
     everywhere: tuple[str, ...]  # options every sbatch line of the site has
     gpu_format: str              # the GPU option for N tasks per node ({n}), or a per-task one
     absent: tuple[str, ...]      # option prefixes that are not this site's syntax
+    shared: tuple[str, ...] = ()  # a job smaller than a node: these instead of `everywhere` (none: the same)
 
     def gpu(self, tasks: int) -> str:
         return self.gpu_format.format(n=tasks)
@@ -47,9 +48,12 @@ EXPECTED = {
                            "--gres=gpu:v100:{n},nvme:200", ("--gpus",)),
     "lumi-like": Expected(8, ("--account=project_465000000", "--partition=standard-g", "--cpus-per-task=7",
                               "--mem=480G"),
-                          "--gpus-per-node={n}", ("--gres", "--gpus-per-task", "--gpus=")),
+                          "--gpus-per-node={n}", ("--gres", "--gpus-per-task", "--gpus="),
+                          ("--account=project_465000000", "--partition=small-g", "--cpus-per-task=7",
+                           "--mem-per-gpu=60G")),
     "perlmutter-like": Expected(4, ("--account=m0000_g", "--cpus-per-task=32", "--constraint=gpu", "--qos=regular"),
-                                "--gpus-per-task=1", ("--partition", "--gres", "--gpus-per-node", "--gpus=")),
+                                "--gpus-per-task=1", ("--partition", "--gres", "--gpus-per-node", "--gpus="),
+                                ("--account=m0000_g", "--cpus-per-task=32", "--constraint=gpu", "--qos=shared")),
 }
 
 
@@ -87,9 +91,13 @@ def test_every_example_submits_in_the_sites_own_syntax(site, script):
     tasks the job places on a node (the script's own count, else the site's GPUs per node)."""
     expected = EXPECTED[site]
     opts = sbatch_options(site, script)
-    missing = [o for o in expected.everywhere if o not in opts]
-    assert not missing, (missing, opts)
     nodes, tasks = layout(opts, script)
+    # A job of fewer GPUs than one node is billed for what it uses where the site offers that.
+    shared = nodes == 1 and tasks < expected.gpus_per_node and expected.shared
+    wanted = expected.shared if shared else expected.everywhere
+    missing = [o for o in wanted if o not in opts]
+    assert not missing, (missing, opts)
+    assert not shared or not {*expected.everywhere} - {*expected.shared} & {*opts}, opts
     own = re.findall(r"^#SBATCH --ntasks-per-node=(\d+)", script.read_text(), re.M)
     assert tasks == int((own or [expected.gpus_per_node])[0]) and nodes >= 1
     assert gpu_options(opts) == [expected.gpu(tasks)], opts
@@ -340,3 +348,53 @@ def test_every_example_submits_at_a_playbook_built_site(script):
     assert tasks == int((own or [1])[0]) and nodes >= 1
     assert "--partition=gpu" in opts and gpu_options(opts) == [f"--gpus-per-node={tasks}"], opts
     assert not any(o.startswith("--account") for o in opts)
+
+
+def _in_guide(site: str, script: str, **env: str) -> list[str]:
+    """The lines ``script`` prints after sourcing lib/guide.sh with ``site`` on a login node."""
+    out = subprocess.run(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\n{script}'],
+                         env=login_env(GUIDE_SITE=site, USER="me", **env), capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize("site, dist", [
+    ("puhti-like", "ddp"), ("lumi-like", "ddp"), ("perlmutter-like", "ddp"),  # no Horovod in their modules
+    ("apptainer-example", "ddp"), ("gpus-per-node-apptainer", "ddp"),  # the image's Horovod has no NCCL
+    ("thesis-taito", "horovod"), ("ci", "horovod"), ("byoc", "horovod"),
+])
+def test_dist_defaults_to_what_the_site_has(site, dist):
+    """A script's Horovod default becomes DDP where the profile says the software has no
+    Horovod for its GPUs (GUIDE_HOROVOD=no): no job that queues, then dies at the doctor.
+    DIST given by the user, and a script's own DDP default, stay as they are."""
+    script = 'guide_dist horovod; DIST=horovod guide_dist horovod; guide_dist ddp'
+    assert _in_guide(site, script) == [dist, "horovod", "ddp"]
+
+
+@pytest.mark.parametrize("site, output", [
+    ("lumi-like", "/scratch/project_465000000/me/guide"), ("perlmutter-like", "/pscratch/me/guide"),
+    ("puhti-like", "/scratch/project_2001234/me/guide"), ("ci", str(REPO)),
+])
+def test_results_and_checkpoints_default_to_the_sites_scratch(site, output):
+    """Run records and checkpoints go to the profile's GUIDE_OUTPUT (a project's scratch), not
+    into the repository (often in $HOME, with a small quota); the test variables still win."""
+    script = 'guide_load_site; guide_results_dir; guide_checkpoint_root'
+    assert _in_guide(site, script, PSCRATCH="/pscratch/me") == [f"{output}/results", f"{output}/checkpoints"]
+    assert _in_guide(site, script, GUIDE_RESULTS_DIR="/r", GUIDE_CHECKPOINT_ROOT="/c") == ["/r", "/c"]
+
+
+def test_one_torchrun_per_node_keeps_the_sites_cpu_masks():
+    """LUMI binds each task to the cores next to its GCD by a mask. One torchrun per node is
+    one task for all eight processes: it gets the union of the eight masks (every core but
+    the first of each L3 group, which LUMI keeps for the system), not an unbound node; a
+    job smaller than a node (small-g) has no masks at all, and a site without masks none."""
+    def job(n: int, nodes: int) -> str:
+        return (f"export SLURM_JOB_ID=5 SLURM_NTASKS={n} SLURM_JOB_NUM_NODES={nodes} SLURM_CPUS_PER_TASK=7; "
+                "guide_load_site; GUIDE_EXEC=() GUIDE_DIST=ddp GUIDE_LAUNCH=node; guide_task_options; "
+                'printf "%s\\n" "${GUIDE_SRUN_NODES[@]}"')
+    whole = _in_guide("lumi-like", job(16, 2))
+    assert "--cpu-bind=mask_cpu:0xfefefefefefefefe" in whole and "--cpus-per-task=56" in whole, whole
+    shared = _in_guide("lumi-like", job(1, 1))
+    assert not [o for o in shared if o.startswith("--cpu-bind")], shared
+    puhti = _in_guide("puhti-like", job(8, 2))
+    assert not [o for o in puhti if o.startswith("--cpu-bind")], puhti

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import subprocess
 import threading
 import time
@@ -33,6 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
 SHORT = ("--max-steps-per-epoch", "6")  # every epoch's plumbing (records, resume, sync check), little compute
 QUICK = ("--epochs", "2", *SHORT)
+# A job warned after its first epoch: four short ones, so that the warning is acted on before
+# the last (the ranks look at it when an epoch's steps end; one that comes during the last
+# epoch lets the run finish instead of stopping it, and the warning step takes seconds to start).
+WARNED = ("--epochs", "4", *SHORT)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -63,6 +68,7 @@ class Job:
     like: str | None = None  # a shipped site profile whose GPU request and srun options the job uses
     full_doctor: bool = False  # GUIDE_DOCTOR=full: the job's doctor probes the frameworks (else --quick)
     until_cancelled: bool = False  # runs until its test cancels it: no other test waits for it
+    watch_steps: bool = False  # record the job's steps (scontrol show step) while it runs
 
 
 # Batch scripts the tests write. direct_*: one that runs the training itself, no launcher.
@@ -103,6 +109,27 @@ echo "== status $?"
 """),
 }
 
+
+def site_step(site: str) -> str:
+    """The srun options of a training step of two tasks on one node at ``site``, on the test
+    Slurm: the profile's GPU request (its GPU type and other GRES left out: the fake GPUs have
+    no type) and its srun options, CPU masks moved to this machine's first CPUs (the profile's
+    name CPUs up to 63). Within a job, srun takes the per-task request from the job's
+    environment (SLURM_GPUS_PER_TASK); here the step names it."""
+    out = subprocess.run(["bash", "-c", 'set +u; source "$1" >/dev/null 2>&1; printf "%s\\n" "$GUIDE_GPU_REQUEST" '
+                          '${GUIDE_SRUN_ARGS[@]+"${GUIDE_SRUN_ARGS[@]}"}', "site", str(EXAMPLES / f"sites/{site}.sh")],
+                         capture_output=True, text=True, env={**os.environ, "GUIDE_ROOT": str(REPO)}, check=True)
+    request, *srun = out.stdout.splitlines()
+    request = re.sub(r",[A-Za-z_]+:\d+", "", re.sub(r"gpu:[A-Za-z0-9_]+:", "gpu:", request)).replace("%d", "2")
+    srun = [re.sub(r"mask_cpu:\S+", "mask_cpu:0x1,0x2", opt) for opt in srun]
+    return " ".join(shlex.quote(o) for o in ["-N1", "-n2", "-c1", request, *srun] if o)
+
+
+# Every shipped site profile's GPU request and binding, through the per-task check in one job.
+SITES = sorted(p.stem for p in EXAMPLES.glob("sites/*.sh") if p.stem not in ("TEMPLATE", "ci"))
+BINDING["probes_sites"] = ("#SBATCH --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --gres=gpu:2",
+                           "".join(f'check "{site}" {site_step(site)}\n' for site in SITES))
+
 ARRAYS = {
     "04_naive_scaling.sbatch": [(32, "none", "none"), (64, "none", "none"), (128, "none", "none")],
     "05_linear_scaling_rule.sbatch": [(32, "linear", "none"), (64, "linear", "none"), (128, "linear", "none")],
@@ -138,23 +165,28 @@ JOBS: dict[str, Job] = {
        for script, dist, sbatch, _ in TENSORFLOW},
     # torchrun is warned like 01 (USR1 to the batch shell): its workers must still checkpoint.
     **{f"test_multi_node[{launcher}]": Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": launcher},
+                                           train=WARNED if launcher == "torchrun" else QUICK,
                                            broken_horovod=dist == "ddp", full_doctor=True,
-                                           usr1_after_epoch=launcher == "torchrun")
+                                           usr1_after_epoch=launcher == "torchrun", watch_steps=launcher == "mpirun")
        for launcher, dist in MULTI_NODE},
+    # horovodrun and torchrun are warned like 01: the signal must reach their workers, not them.
     "test_one_node_data_parallel[horovod]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "horovod"},
-                                                 comma_path=True),
-    "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"},
+                                                 train=WARNED, comma_path=True, usr1_after_epoch=True,
+                                                 first_epoch=r"^\[0\]<stdout>:\[train\] epoch 1/"),  # horovodrun's prefix
+    "test_one_node_data_parallel[ddp]": Job("02_single_node_data_parallel.sbatch", env={"DIST": "ddp"}, train=WARNED,
                                              broken_horovod=True, full_doctor=True, usr1_after_epoch=True),
     # Binding: the per-task check on bare steps, and a job whose site binds tasks to cores.
-    **{f"test_{name}": Job(name, via="sbatch") for name in ("probes_cpus", "probes_gpus")},
+    **{f"test_{name}": Job(name, via="sbatch") for name in ("probes_cpus", "probes_gpus", "probes_sites")},
     "test_each_task_gets_the_cpus_the_job_asked_for":
         Job("01_single_gpu_baseline.sbatch", train=("--epochs", "1", *SHORT),
             profile="GUIDE_TASKS_PER_NODE=1 GUIDE_CPUS_PER_TASK=2 GUIDE_SRUN_ARGS=(--cpu-bind=cores)\n"),
     # Sites' GPU syntax on the test Slurm's fake GPUs (the training itself runs on the CPUs).
+    # Perlmutter's per-task GPUs without binding under srun (the training's own tasks), Puhti's
+    # per-node GRES under one torchrun per node.
     "test_a_site_profile_runs_on_fake_gpus[puhti-like]":
-        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun-ddp"}, like="puhti-like", broken_horovod=True),
+        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "torchrun"}, like="puhti-like", broken_horovod=True),
     "test_a_site_profile_runs_on_fake_gpus[perlmutter-like]":
-        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "torchrun"}, like="perlmutter-like",
+        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun-ddp"}, like="perlmutter-like",
             broken_horovod=True),
     # The arrays run on one node (two workers per task): what they add to 03 is the array,
     # one run per task; their srun --mpi line is 03's, which runs on both nodes.
@@ -212,6 +244,7 @@ class Submission:
             self.repo = tmp / "a,b" / "repo"
         self.ids: list[str] = []
         self.usr1_sent = False
+        self.steps: dict[str, str] = {}  # step id -> its `scontrol show step -o` line, last seen
 
     def _profile(self, job: Job) -> Path:
         """The CI profile with the test's changes: ``profile`` lines, and for ``like`` the named
@@ -309,6 +342,10 @@ class Batch:
                     t = threading.Thread(target=self._usr1_after_first_epoch, args=(sub,), daemon=True)
                     t.start()
                     self.threads.append(t)
+                if job.watch_steps:
+                    t = threading.Thread(target=self._watch_steps, args=(sub,), daemon=True)
+                    t.start()
+                    self.threads.append(t)
         except BaseException:
             self.close()
             raise
@@ -329,6 +366,20 @@ class Batch:
                 sub.usr1_sent = True
                 return
             time.sleep(0.3)
+
+    def _watch_steps(self, sub: Submission) -> None:
+        """What each step of the job was given (CPUs, TRES), as scontrol shows it while it runs:
+        there is no accounting database to ask afterwards."""
+        (job_id,) = sub.ids
+        end = time.monotonic() + 1500
+        while time.monotonic() < end and self.cluster.finished(job_id) is None:
+            out = subprocess.run(["scontrol", "show", "step", "-o", job_id], env=self.cluster.env,
+                                 capture_output=True, text=True)
+            for line in out.stdout.splitlines():
+                step = re.match(r"StepId=(\S+)", line)
+                if step:
+                    sub.steps[step.group(1)] = line
+            time.sleep(0.5)
 
     def close(self) -> None:
         for sub in self.subs.values():
@@ -365,6 +416,15 @@ def _requeued_and_resumed(jobs: Submission, records: list[dict], run) -> None:
     assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log, \
         log[-3000:]
     assert [e for e in run.events if e["type"] == "resume"], "no resume recorded"
+    # The training processes got the warning and saved mid-epoch; a launcher that got it too
+    # (torchrun, horovodrun: no handler) dies of it, 128 + 10, with its workers' checkpoint.
+    assert [e for e in run.events if e["type"] == "preempted"], f"no checkpoint on the signal\n{log[-3000:]}"
+    ended = re.findall(r"^== launch ended with status (\d+) after the warning$", log, re.M)
+    assert ended and "138" not in ended, log[-3000:]
+
+
+def _epochs(job: Job) -> int:
+    return int(job.train[job.train.index("--epochs") + 1])
 
 
 def _finished(run, epochs: int = 2) -> None:
@@ -467,7 +527,7 @@ def test_one_node_data_parallel(jobs, dist):
     passed in --export=ALL,NAME=value, where a comma splits it)."""
     records = jobs.wait_completed()
     (run,) = jobs.runs()
-    _finished(run)
+    _finished(run, _epochs(jobs.job))
     assert (run.config["dist"], run.environment["workers"]) == (dist, 2)
     if jobs.job.usr1_after_epoch:
         _requeued_and_resumed(jobs, records, run)
@@ -480,7 +540,7 @@ def test_multi_node(jobs, launcher):
     dist = dict(MULTI_NODE)[launcher]
     records = jobs.wait_completed()
     (run,) = jobs.runs()
-    _finished(run)
+    _finished(run, _epochs(jobs.job))
     if jobs.job.usr1_after_epoch:
         _requeued_and_resumed(jobs, records, run)
     assert (run.config["dist"], run.environment["workers"]) == (dist, 4)
@@ -490,6 +550,11 @@ def test_multi_node(jobs, launcher):
         < log.index("== staging")
     if dist == "ddp":
         assert re.search(r"^horovod +not checked \(not used by --framework pytorch --dist ddp\)$", log, re.M), log
+    if jobs.job.watch_steps:
+        # mpirun starts one daemon per node with a plain srun: that step must own the CPUs of
+        # all the node's ranks (2 x 1 on each of the 2 nodes), not one task's share.
+        daemons = [line for line in jobs.steps.values() if "Name=orted" in line]
+        assert daemons and all("TRES=cpu=4," in line for line in daemons), jobs.steps
 
 
 @pytest.mark.parametrize("script", sorted(ARRAYS), ids=lambda s: s[:2])
@@ -649,6 +714,19 @@ def test_probes_gpus(jobs):
     assert status == 1 and any("GPU" in p for p in _problems(text)), text
     status, text = checks["doctor in a gpu step"]
     assert status == 1 and any("CUDA_VISIBLE_DEVICES=0" in p for p in _problems(text)), text
+
+
+def test_probes_sites(jobs):
+    """Every shipped site profile's GPU request and srun options (per node with --gres or
+    --gpus-per-node, per task with and without --gpu-bind, CPU masks) on the fake GPUs: each
+    step's ranks get a GPU each, their own, and the check passes."""
+    jobs.wait_completed()
+    checks = _checks(jobs.log())
+    assert sorted(checks) == SITES, jobs.log(3000)
+    for site, (status, text) in checks.items():
+        (report,) = re.findall(r"GPU by rank: (.+)$", text, re.M)
+        gpus = [pair.split(":")[1] for pair in report.split()]
+        assert status == 0 and not _problems(text) and sorted(gpus) == ["0", "1"], (site, text)
 
 
 def test_each_task_gets_the_cpus_the_job_asked_for(jobs):

@@ -317,3 +317,122 @@ def test_guide_doctor_quick_reaches_the_doctor_and_a_typo_is_one_line(tmp_path, 
         (call,) = calls
         assert call[call.index("doctor"):] == ["doctor", "--framework", "pytorch", "--dist", "ddp", "--profile", "smoke",
                                                "--quick"], call
+
+
+GPU_PROFILE = APPTAINER_PROFILE.replace('GUIDE_CPUS_PER_TASK=1 GUIDE_GPU_REQUEST=""',
+                                        'GUIDE_CPUS_PER_TASK=8 GUIDE_GPU_REQUEST="--gpus-per-node=%d"')
+
+
+@pytest.mark.parametrize("job, missing", [
+    ("", "1 CPU(s) per task where the profile asks 8 and no GPU where the profile asks --gpus-per-node=%d"),
+    ("SLURM_CPUS_PER_TASK=8 SLURM_GPUS_ON_NODE=0", "no GPU where the profile asks --gpus-per-node=%d"),
+    ("SLURM_CPUS_PER_TASK=8 SLURM_JOB_GPUS=0,1", None),  # plain sbatch given the profile's request
+    ("GUIDE_SUBMITTED=submit.sh", None),  # submit.sh's jobs: the profile is in the options
+], ids=["bare", "no-gpu", "carried", "submit.sh"])
+def test_a_plain_sbatch_job_without_the_sites_request_stops_before_anything_runs(tmp_path, job, missing):
+    """`sbatch SCRIPT` gets only the script's #SBATCH lines: at a GPU site it would train on
+    the CPU, one CPU per task. Inside such a job guide_setup stops at once, in one line that
+    says to use submit.sh, before the doctor or any step; a job of submit.sh, or one whose
+    options carried the profile's CPUs per task and GPUs, goes on (to its doctor here)."""
+    container = tmp_path / "guide.sif"
+    container.write_text("")
+    start = f"export SLURM_JOB_ID=5 SLURM_JOB_NAME=01_single_gpu_baseline {job}\nguide_setup pytorch none"
+    out, calls = _source_guide(tmp_path, GPU_PROFILE.format(container=container, flags="()"), start)
+    if missing is None:
+        assert calls and "doctor" in calls[0], out.stderr
+        return
+    assert out.returncode == 2 and not calls, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line == (f"error: job 5 has {missing} ({tmp_path / 'my site.sh'}): plain sbatch applies none of the site "
+                    "profile; submit with slurm_examples/submit.sh slurm_examples/01_single_gpu_baseline.sbatch")
+
+
+def test_the_warning_reaches_the_engines_processes_and_not_their_launchers():
+    """GUIDE_ENGINE_MATCH, the default of guide_signal_training: the training processes as each
+    launcher starts them, never the launcher (torchrun and horovodrun die of a USR1, and their
+    workers' checkpoint with them) nor a shell around a worker."""
+    proc = subprocess.run(["bash", "-c", 'source "$0"; printf "%s\\n" "$GUIDE_ENGINE_MATCH"',
+                           str(EXAMPLES / "lib/guide.sh")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "GUIDE_ROOT": str(REPO)})
+    pattern = proc.stdout.strip()
+    assert proc.returncode == 0 and pattern, proc.stderr
+    cmdlines = {  # as /proc/PID/cmdline reads, arguments joined by spaces
+        "/v/bin/python -m guide_utils.train --profile smoke --dist horovod ": True,  # srun's, mpirun's task
+        "/v/bin/python3.11 -u -m guide_utils.train --profile smoke --dist ddp ": True,  # torchrun's worker
+        "python -m guide_utils.train_tf --dist mwms ": True,
+        "/v/bin/python /v/bin/torchrun --standalone --nproc-per-node=2 -m guide_utils.train --dist ddp ": False,
+        "/v/bin/python /v/bin/horovodrun --gloo -np 2 -H localhost:2 python -m guide_utils.train ": False,
+        "/bin/sh -c cd /x >/dev/null 2>&1 ; python -m guide_utils.train --dist horovod ": False,  # horovodrun's shell
+        "mpirun -np 4 --map-by ppr:2:node python -m guide_utils.train ": False,
+        "srun --kill-on-bad-exit=1 python -m guide_utils.train ": False,
+        "/r/slurm_examples/lib/apptainer_env.sh apptainer exec x.sif python -m guide_utils.train ": False,
+        "python -m guide_utils.trainer ": False,
+        "python -m guide_utils task-probe ": False,
+    }
+    assert {line: bool(re.search(pattern, line)) for line in cmdlines} == cmdlines
+
+
+def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_image():
+    """apptainer_env.sh (before `apptainer exec --cleanenv`): libfabric's (FI_*), Cray MPICH's,
+    ROCm's (HSA_*, MIOPEN_*) and NCCL's settings and PYTHONUNBUFFERED reach the image; the
+    host's library and Python paths do not."""
+    given = {"FI_CXI_DISABLE_HOST_REGISTER": "1", "MPICH_GPU_SUPPORT_ENABLED": "1", "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+             "MIOPEN_USER_DB_PATH": "/tmp/miopen", "NCCL_NET": "AWS Libfabric", "PYTHONUNBUFFERED": "1",
+             "LD_LIBRARY_PATH": "/opt/host/lib", "PYTHONPATH": "/opt/host/py"}
+    out = subprocess.run([str(EXAMPLES / "lib/apptainer_env.sh"), "env"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], **given}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    passed = dict(line.removeprefix("APPTAINERENV_").split("=", 1) for line in out.stdout.splitlines()
+                  if line.startswith("APPTAINERENV_"))
+    assert passed == {k: v for k, v in given.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
+
+
+# What srun reads for its CPUs per task, by Slurm version (guide_srun_cpu_env), and what mpirun
+# gets for its per-node daemons: checked against src/srun/opt.c and src/common/env.c at the tags
+# slurm-21-08-8-2, 22-05-8-1, 23-02-7-1, 23-11-0-1 and 24-11-0-1, and CHANGELOG/slurm-22.05.md
+# and slurm-23.11.md. Only 22.05 runs here (the test Slurm); the other rows are the documented ones.
+SLURM_RULES = {
+    "21.08": ([], ["OMPI_MCA_plm_slurm_args=--cpus-per-task=16", "PRTE_MCA_plm_slurm_args=--cpus-per-task=16"]),
+    "22.05": (["SRUN_CPUS_PER_TASK=4"], ["SRUN_CPUS_PER_TASK=4", "OMPI_MCA_plm_slurm_args=--cpus-per-task=16",
+                                         "PRTE_MCA_plm_slurm_args=--cpus-per-task=16"]),
+    "23.02": (["SRUN_CPUS_PER_TASK=4"], ["SRUN_CPUS_PER_TASK=4", "OMPI_MCA_plm_slurm_args=--cpus-per-task=16",
+                                         "PRTE_MCA_plm_slurm_args=--cpus-per-task=16"]),
+    "23.11": ([], []),  # srun reads SLURM_CPUS_PER_TASK again; mpirun's srun is an --external-launcher step
+    "24.11": ([], []),
+}
+
+
+@pytest.mark.parametrize("version", sorted(SLURM_RULES))
+def test_the_cpus_of_srun_steps_follow_the_slurm_version(version):
+    """4 CPUs per task, 4 tasks per node: srun tasks (and a launcher per node, whose srun line
+    names its CPUs itself) need SRUN_CPUS_PER_TASK only where srun reads nothing else; mpirun's
+    daemons get the node's 16 CPUs on their srun line until Slurm starts them itself."""
+    tasks, shell = SLURM_RULES[version]
+    script = f'guide_srun_cpu_env {version} 4 4 tasks; echo --; guide_srun_cpu_env {version} 4 4 shell'
+    out, _ = _source_guide_plain(script)
+    assert out.split("--\n") == ["".join(f"{line}\n" for line in lines) for lines in (tasks, shell)]
+
+
+def test_the_jobs_own_slurm_version_decides(tmp_path):
+    """Inside a job, guide_task_options asks this Slurm's srun for its version: under 23.11 no
+    SRUN_CPUS_PER_TASK is exported (srun no longer reads it) and mpirun's srun gets Slurm's own
+    --external-launcher, which a site's value of OMPI_MCA_plm_slurm_args keeps."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\n[ "$1" = --version ] && echo "slurm 23.11.4"\n')
+    (bin_dir / "srun").chmod(0o755)
+    job = ("export SLURM_JOB_ID=5 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=2 SLURM_CPUS_PER_TASK=4 "
+           "OMPI_MCA_plm_slurm_args=--external-launcher; GUIDE_SITE_FILE=x GUIDE_GPU_REQUEST= GUIDE_EXEC=() "
+           "GUIDE_DIST=horovod GUIDE_LAUNCH=shell GUIDE_SRUN_MPI=pmix; guide_task_options; "
+           'echo "${SRUN_CPUS_PER_TASK:-unset} $OMPI_MCA_plm_slurm_args $OMP_NUM_THREADS"')
+    out, _ = _source_guide_plain(job, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert out.strip() == "unset --external-launcher 4"
+
+
+def _source_guide_plain(script: str, **env: str) -> tuple[str, str]:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM_", "SRUN_", "OMPI_MCA_plm", "GUIDE_", "OMP_NUM_THREADS"))}
+    out = subprocess.run(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\n{script}'],
+                         env={**clean, "GUIDE_ROOT": str(REPO), **env}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout, out.stderr

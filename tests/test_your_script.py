@@ -172,8 +172,8 @@ def test_the_warning_reaches_the_readers_program_and_not_its_launcher():
     }
     for line, (pattern, expected) in cmdlines.items():
         assert bool(re.search(pattern, line)) == expected, (pattern, line)
-    # The guide's own scripts keep their default: the engine's processes, whatever starts them.
-    assert '"${GUIDE_SIGNAL_MATCH:-guide_utils[.]train}"' in (REPO / "slurm_examples/lib/guide.sh").read_text()
+    # The guide's own scripts keep their default, the engine's processes (tests/test_slurm_scripts.py).
+    assert '"${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}"' in (REPO / "slurm_examples/lib/guide.sh").read_text()
 
 
 # -- Two workers under their launchers ------------------------------------------------------------
@@ -191,9 +191,10 @@ def _command(launcher: str, name: str) -> list[str]:
 
 def _srun_env(cwd: Path) -> list[dict[str, str]]:
     """What srun gives each of two tasks on one node (no torchrun variables), and a scontrol
-    that expands the node list to this host; the job id maps to a free rendezvous port."""
+    that fails as it does in a container without Slurm's configuration (the example expands
+    the node list with python-hostlist); the job id maps to a free rendezvous port."""
     (cwd / "bin").mkdir(exist_ok=True)
-    (cwd / "bin" / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && echo localhost\n')
+    (cwd / "bin" / "scontrol").write_text('#!/bin/sh\necho "scontrol: error: no slurm.conf" >&2; exit 1\n')
     (cwd / "bin" / "scontrol").chmod(0o755)
     job_id = next(port - 20000 for port in range(20000 + os.getpid() % 9000, 30000) if _free(port))
     return [{"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": "2", "SLURM_JOB_ID": str(job_id),

@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import os
 import signal
-import subprocess
 
 import torch
 import torch.distributed as dist
@@ -100,8 +99,11 @@ def main():
     if "RANK" not in os.environ:  # started by srun, not torchrun: ranks and rendezvous from Slurm
         os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
                           LOCAL_RANK=os.environ["SLURM_LOCALID"])
-        expand = ["scontrol", "show", "hostnames", os.environ["SLURM_STEP_NODELIST"]]
-        nodes = subprocess.run(expand, capture_output=True, text=True, check=True).stdout.split()
+        # The step's nodes, expanded by python-hostlist: no `scontrol show hostnames`, which needs
+        # Slurm's configuration and is missing inside most containers.
+        import hostlist
+
+        nodes = hostlist.expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
         os.environ.setdefault("MASTER_ADDR", nodes[0])  # the first node, a port from the job id
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 10000))
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")

@@ -13,10 +13,13 @@ set -euo pipefail
 
 while read -r name; do
     case $name in
+        # (FI_*: libfabric's settings for NCCL/RCCL's OFI plugin on Slingshot; MPICH_*: Cray MPICH's;
+        # HSA_*, MIOPEN_*: ROCm's runtime and MIOpen's caches; PYTHONUNBUFFERED: each line at once)
         SLURM_* | SLURMD_* | SRUN_* | PMIX_* | PMI_* | OMPI_* | PRTE_* | UCX_* | NCCL_* | RCCL_* | GLOO_* | \
+            FI_* | MPICH_* | HSA_* | MIOPEN_* | \
             HOROVOD_* | GUIDE_* | TORCH_* | TORCHELASTIC_* | TF_* | MASTER_ADDR | MASTER_PORT | WORLD_SIZE | \
             RANK | LOCAL_RANK | LOCAL_WORLD_SIZE | OMP_NUM_THREADS | CUDA_VISIBLE_DEVICES | \
-            ROCR_VISIBLE_DEVICES | HIP_VISIBLE_DEVICES | TMPDIR)
+            ROCR_VISIBLE_DEVICES | HIP_VISIBLE_DEVICES | TMPDIR | PYTHONUNBUFFERED)
             export "APPTAINERENV_$name=${!name}"
             ;;
     esac

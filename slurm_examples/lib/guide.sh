@@ -61,6 +61,8 @@ guide_check_site() {
         guide_die "GUIDE_TRAIN_PROFILE='$GUIDE_TRAIN_PROFILE' in $file must be smoke or full"
     [[ ${GUIDE_DOCTOR:-full} == full || $GUIDE_DOCTOR == quick ]] ||
         guide_die "GUIDE_DOCTOR='$GUIDE_DOCTOR' in $file must be full or quick (or unset: full)"
+    [[ ${GUIDE_HOROVOD:-yes} == yes || $GUIDE_HOROVOD == no ]] ||
+        guide_die "GUIDE_HOROVOD='$GUIDE_HOROVOD' in $file must be yes or no (or unset: yes)"
     case $GUIDE_SOFTWARE in
         venv) [[ -n ${GUIDE_VENV:-} ]] || guide_die "GUIDE_SOFTWARE=venv in $file needs GUIDE_VENV (the virtual environment)" ;;
         modules) [[ -n ${GUIDE_MODULES:-} ]] || guide_die "GUIDE_SOFTWARE=modules in $file needs GUIDE_MODULES (what to module load)" ;;
@@ -70,7 +72,7 @@ guide_check_site() {
     [[ -z $GUIDE_DATASET_ARCHIVE || -n ${GUIDE_DATASET_NAME:-} ]] ||
         guide_die "GUIDE_DATASET_ARCHIVE is set in $file but GUIDE_DATASET_NAME (the folder inside the archive) is not"
     # Lists of arguments are arrays, so that a value with a space (a path) stays one argument.
-    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS GUIDE_SRUN_ARGS; do
+    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS GUIDE_SRUN_ARGS GUIDE_SHARED_SBATCH GUIDE_SHARED_SRUN_ARGS; do
         [[ -z ${!name+set} || $(declare -p "$name" 2>/dev/null) == "declare -a"* ]] ||
             guide_die "$name in $file must be an array, e.g. $name=(--one --two \"a value\"), not a string"
     done
@@ -90,6 +92,23 @@ guide_load_site() {
         source "$GUIDE_SITE_FILE"
     fi
     guide_check_site "$GUIDE_SITE_FILE"
+}
+
+# Whether this job got what the profile asks for. #SBATCH lines cannot read a profile, so the
+# GPUs, CPUs per task and account come from submit.sh, which marks its jobs (GUIDE_SUBMITTED).
+# A script given to plain `sbatch` gets none of them: at a site with a default account it would
+# train on the CPU with one CPU per task and pass the doctor as a CPU job. Such a job stops
+# here, unless its sbatch options carried the profile's GPUs and CPUs per task themselves.
+guide_check_request() {
+    [[ -n ${SLURM_JOB_ID:-} && -z ${GUIDE_SUBMITTED:-} ]] || return 0
+    local missing="" gpus=${SLURM_GPUS_ON_NODE:-${SLURM_JOB_GPUS:-}}
+    [[ ${SLURM_CPUS_PER_TASK:-1} == "$GUIDE_CPUS_PER_TASK" ]] ||
+        missing="${SLURM_CPUS_PER_TASK:-1} CPU(s) per task where the profile asks $GUIDE_CPUS_PER_TASK"
+    [[ -z $GUIDE_GPU_REQUEST || (-n $gpus && $gpus != 0) ]] ||
+        missing+="${missing:+ and }no GPU where the profile asks $GUIDE_GPU_REQUEST"
+    [[ -z $missing ]] ||
+        guide_die "job $SLURM_JOB_ID has $missing ($GUIDE_SITE_FILE): plain sbatch applies none of the site" \
+                  "profile; submit with slurm_examples/submit.sh slurm_examples/${SLURM_JOB_NAME:-SCRIPT}.sbatch"
 }
 
 # The GPU request of a job that runs N tasks per node, in the site's syntax: N per node
@@ -155,13 +174,21 @@ guide_banner() {
     printf '== dataset %s\n' "${GUIDE_DATASET_ARCHIVE:-"(none: the smoke profile's own data; the full profile needs --data)"}"
     printf '== framework %s, --dist %s, processes started by %s\n' "$GUIDE_FRAMEWORK" "$GUIDE_DIST" \
         "$(case $GUIDE_LAUNCH in tasks) echo srun ;; node) echo "a launcher per node" ;; shell) echo "a launcher in this shell" ;; esac)"
-    printf '== CPUs per task %s (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS %s, site srun options: %s\n' \
-        "${SRUN_CPUS_PER_TASK:-?}" "${OMP_NUM_THREADS:-?}" "${GUIDE_SRUN_ARGS[*]:-none}"
+    printf '== CPUs per task %s, per srun task %s (SRUN_CPUS_PER_TASK), OMP_NUM_THREADS %s, site srun options: %s\n' \
+        "${SLURM_CPUS_PER_TASK:-?}" "${SRUN_CPUS_PER_TASK:-?}" "${OMP_NUM_THREADS:-?}" "${GUIDE_SRUN_ARGS[*]:-none}"
     local quick=()
     [[ ${GUIDE_DOCTOR:-full} == full ]] || quick=(--quick)
     ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --framework "$GUIDE_FRAMEWORK" --dist "$GUIDE_DIST" \
         --profile "$GUIDE_TRAIN_PROFILE" ${quick[@]+"${quick[@]}"} ||
         guide_die "guide_utils doctor: the software environment cannot run --framework $GUIDE_FRAMEWORK --dist $GUIDE_DIST (PROBLEM above)"
+    # A PyTorch job on GPUs of several nodes: which network NCCL (RCCL) uses between them. A
+    # site's network plugin that does not load leaves NCCL on TCP sockets, slower by an order of
+    # magnitude, and nothing else says so.
+    if [[ $GUIDE_FRAMEWORK == pytorch && $GUIDE_DIST != none && -n $GUIDE_GPU_REQUEST && ${SLURM_JOB_NUM_NODES:-1} -gt 1 &&
+          ${GUIDE_DOCTOR:-full} == full ]]; then
+        ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --network ||
+            guide_die "guide_utils doctor --network: NCCL would not use this site's network between the nodes (PROBLEM above)"
+    fi
 }
 
 # Unpack the dataset archive to node-local disk, once per node (one task per node, in
@@ -225,11 +252,23 @@ guide_release_scratch() {
 
 # The switch every training script has: DIST=horovod (the thesis's) or ddp (PyTorch's own
 # DistributedDataParallel, which needs no Horovod: Horovod 0.28.1 of June 2023 is its last
-# release, and many sites' PyTorch modules come without it). guide_dist DEFAULT prints it.
+# release, and many sites' PyTorch modules come without it). guide_dist DEFAULT prints it:
+# DIST if set, else the script's DEFAULT, except that a site whose software has no Horovod
+# for its GPUs (GUIDE_HOROVOD=no) gets ddp instead of a job that queues, then stops at the doctor.
 guide_dist() {
+    [[ -n ${GUIDE_SITE_FILE:-} ]] || guide_load_site
     local dist=${DIST:-$1}
+    [[ -n ${DIST:-} || $dist != horovod || ${GUIDE_HOROVOD:-yes} == yes ]] || dist=ddp
     [[ $dist == horovod || $dist == ddp ]] || guide_die "DIST=$dist: choose horovod or ddp"
     printf '%s\n' "$dist"
+}
+
+# Whether this job is smaller than one node (one node, fewer tasks than the site's GPUs per
+# node) at a site that bills such jobs differently (GUIDE_SHARED_SBATCH): submit.sh then asks
+# with those options instead of the partition and extras, and the steps take the
+# GUIDE_SHARED_SRUN_ARGS (binding masks for a whole node do not fit a part of one).
+guide_shared_job() {  # NODES TASKS_PER_NODE
+    [[ -n ${GUIDE_SHARED_SBATCH[*]+set} && $1 == 1 && $2 -lt $GUIDE_TASKS_PER_NODE ]]
 }
 
 # CPUs and GPUs as the training processes see them, checked inside the job before it trains:
@@ -247,23 +286,62 @@ guide_check_tasks() {
         guide_die "guide_utils doctor --tasks: the training processes would not get the CPUs or GPUs this job asked for (PROBLEM above)"
 }
 
+# This Slurm's version as MAJOR.MINOR (srun --version: "slurm 23.11.4", "slurm-wlm 22.05.8");
+# empty when there is no srun here.
+guide_slurm_version() {
+    local out
+    out=$(srun --version 2>/dev/null) || return 0
+    if [[ $out =~ ([0-9]+)\.([0-9]+) ]]; then
+        printf '%d.%02d\n' "$((10#${BASH_REMATCH[1]}))" "$((10#${BASH_REMATCH[2]}))"
+    fi
+}
+
+# The variables that give srun steps the job's CPUs per task, for Slurm VERSION (MAJOR.MINOR;
+# empty: unknown, taken as 22.05), CPUS per task, TASKS per node and the LAUNCH kind, one
+# NAME=value a line. What srun reads differs by version (Slurm's CHANGELOG/slurm-22.05.md and
+# slurm-23.11.md, and src/srun/opt.c at slurm-21-08-8-2, 22-05-8-1, 23-02-7-1, 23-11-0-1, 24-11-0-1):
+#   before 22.05  srun takes --cpus-per-task from SLURM_CPUS_PER_TASK, the job's: nothing to do
+#   22.05-23.02   it reads SRUN_CPUS_PER_TASK instead, so the job's value must be put there
+#   23.11 on      it reads SLURM_CPUS_PER_TASK again (SRUN_CPUS_PER_TASK no longer)
+# A launcher in this shell that reaches the nodes through a plain srun (mpirun: one daemon per
+# node) must have each node's CPUs for all the ranks it starts there: before 23.11 that srun
+# would take one task's worth (SLURM_ or SRUN_CPUS_PER_TASK), so mpirun passes it
+# --cpus-per-task for the node (OMPI_MCA_plm_slurm_args, PRTE_... for Open MPI 5); from 23.11
+# on, Slurm itself sets those to --external-launcher, a step made for such launchers.
+guide_srun_cpu_env() {  # VERSION CPUS TASKS LAUNCH
+    local version=${1:-22.05} major minor
+    major=$((10#${version%%.*})) minor=$((10#${version#*.}))
+    local v=$((major * 100 + minor)) name
+    ((v < 2205 || v >= 2311)) || echo "SRUN_CPUS_PER_TASK=$2"
+    if [[ $4 == shell ]] && ((v < 2311)); then
+        for name in OMPI_MCA_plm_slurm_args PRTE_MCA_plm_slurm_args; do
+            echo "$name=${!name:+${!name} }--cpus-per-task=$(($2 * $3))"
+        done
+    fi
+}
+
 # The environment and srun options of the job's training steps, for GUIDE_DIST and
 # GUIDE_LAUNCH (see guide_setup; interactive engines use them too). After guide_software:
 # GUIDE_EXEC ends each option list.
 guide_task_options() {
-    # srun in Slurm 22.05-23.02 does not take --cpus-per-task from the job: without this, a
-    # site that binds tasks to cores gives each training process (and its data loaders) ONE
-    # CPU. Threaded libraries use what the task has, unless the profile says otherwise.
+    # The CPUs of the training steps, by what this Slurm's srun reads (guide_srun_cpu_env):
+    # without it, a site that binds tasks to cores gives each training process (and its data
+    # loaders) ONE CPU. Threaded libraries use what the task has, unless the profile says otherwise.
+    local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1})) line
     if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
-        export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+        while read -r line; do
+            [[ -z $line ]] || export "${line?}"
+        done < <(guide_srun_cpu_env "$(guide_slurm_version)" "$SLURM_CPUS_PER_TASK" "$per_node" "$GUIDE_LAUNCH")
         export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
     fi
-    local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1}))
     if [[ $GUIDE_DIST == horovod && $GUIDE_LAUNCH == tasks ]]; then
         [[ $GUIDE_SRUN_MPI != none ]] ||
             guide_die "GUIDE_SRUN_MPI=none in $GUIDE_SITE_FILE: Horovod under srun needs srun's MPI plugin; use DIST=ddp" \
                       "(or LAUNCHER=mpirun in 03)"
         mpi=(--mpi="$GUIDE_SRUN_MPI")
+    fi
+    if guide_shared_job "$nodes" "$per_node"; then
+        GUIDE_SRUN_ARGS=(${GUIDE_SHARED_SRUN_ARGS[@]+"${GUIDE_SHARED_SRUN_ARGS[@]}"})
     fi
     GUIDE_SRUN_TASKS=(--kill-on-bad-exit=1 ${mpi[@]+"${mpi[@]}"} ${GUIDE_SRUN_ARGS[@]+"${GUIDE_SRUN_ARGS[@]}"}
                       ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
@@ -273,9 +351,35 @@ guide_task_options() {
     local node_gpus=() per_task=1
     [[ ! $GUIDE_GPU_REQUEST =~ gpus-per-task[=\ ]*([0-9]+) ]] || per_task=${BASH_REMATCH[1]}
     [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres=gpu:$((per_node * per_task)))
+    local node_bind=()
+    mapfile -t node_bind < <(guide_node_cpu_bind "$per_node")
     GUIDE_SRUN_NODES=(--kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1
                       --cpus-per-task=$((per_node * ${SLURM_CPUS_PER_TASK:-1})) ${node_gpus[@]+"${node_gpus[@]}"}
-                      ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+                      ${node_bind[@]+"${node_bind[@]}"} ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+}
+
+# The CPU binding of one launcher per node (torchrun) where the site binds each task by a
+# mask (LUMI's, the cores next to each GCD): the union of the masks of the node's first N
+# tasks, so that the launcher and the processes it starts keep to the cores the site meant
+# for them (the site's reserved cores stay free). Nothing where the site names no masks.
+guide_node_cpu_bind() {  # TASKS_PER_NODE
+    local arg masks union i
+    for arg in ${GUIDE_SRUN_ARGS[@]+"${GUIDE_SRUN_ARGS[@]}"}; do
+        [[ $arg == --cpu-bind=*mask_cpu:* ]] || continue
+        IFS=, read -ra masks <<<"${arg#*mask_cpu:}"
+        union=0
+        for ((i = 0; i < $1 && i < ${#masks[@]}; i++)); do union=$((union | 16#${masks[i]#0x})); done
+        printf -- '--cpu-bind=mask_cpu:0x%x\n' "$union"
+    done
+}
+
+# Where run records and checkpoint folders go: GUIDE_RESULTS_DIR and GUIDE_CHECKPOINT_ROOT,
+# else under the profile's GUIDE_OUTPUT, else in the repository.
+guide_results_dir() {
+    printf '%s\n' "${GUIDE_RESULTS_DIR:-${GUIDE_OUTPUT:-$GUIDE_ROOT}/results}"
+}
+guide_checkpoint_root() {
+    printf '%s\n' "${GUIDE_CHECKPOINT_ROOT:-${GUIDE_OUTPUT:-$GUIDE_ROOT}/checkpoints}"
 }
 
 # Everything a script does before its launch line: guide_setup FRAMEWORK DIST [LAUNCH], the
@@ -295,27 +399,39 @@ guide_setup() {
     [[ $GUIDE_LAUNCH == tasks || $GUIDE_LAUNCH == node || $GUIDE_LAUNCH == shell ]] ||
         guide_die "guide_setup: launch '$GUIDE_LAUNCH' must be tasks, node or shell"
     guide_load_site
+    guide_check_request
     guide_software
     guide_task_options
     guide_banner
     guide_check_tasks
     guide_stage_data
-    GUIDE_RESULTS_DIR=${GUIDE_RESULTS_DIR:-$GUIDE_ROOT/results}
+    # Run records and checkpoints under the profile's GUIDE_OUTPUT (a project's scratch: the
+    # repository often sits in $HOME, whose quota a few ResNet-50 checkpoints fill), else here.
+    GUIDE_RESULTS_DIR=$(guide_results_dir)
     # This job's own checkpoints; the jobs of one chain (chain.sh) share the chain's.
-    GUIDE_CHECKPOINTS=${GUIDE_CHAIN_CHECKPOINTS:-${GUIDE_CHECKPOINT_ROOT:-$GUIDE_ROOT/checkpoints}/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}}
+    GUIDE_CHECKPOINTS=${GUIDE_CHAIN_CHECKPOINTS:-$(guide_checkpoint_root)/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}}
     # shellcheck disable=SC2034  # used by the sbatch scripts' launch lines
     GUIDE_TRAIN_FLAGS=(--profile "$GUIDE_TRAIN_PROFILE" ${GUIDE_DATA_ARGS[@]+"${GUIDE_DATA_ARGS[@]}"}
                        ${GUIDE_TRAIN_ARGS[@]+"${GUIDE_TRAIN_ARGS[@]}"} --results-dir "$GUIDE_RESULTS_DIR" --no-progress
                        --checkpoint-dir "$GUIDE_CHECKPOINTS")
 }
 
+# The guide's own training processes: a Python interpreter whose first argument that is not
+# a flag is `-m guide_utils.train` or `-m guide_utils.train_tf` (as srun, mpirun, horovodrun
+# and torchrun start them: torchrun adds -u). Anchored, so that the launchers' own command
+# lines, which name the module further on (`python .../torchrun ... -m guide_utils.train`,
+# `python .../horovodrun ... python -m guide_utils.train`, `mpirun ...`, `srun ...`), do not
+# match: torchrun and horovodrun do not trap USR1 and die of it, and the workers' checkpoint
+# dies with them.
+GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf)?( |$)'
+
 # Send a signal to this job's training processes on every node, whatever started them: srun
 # and mpirun pass a USR1 on to their tasks, but torchrun and horovodrun would die of it (or
 # end their workers with a grace of seconds). A step of one task per node finds them by the
 # job id in their environment and by their command line: GUIDE_SIGNAL_MATCH, an extended
 # regular expression matched against it (arguments joined by spaces), by default the guide's
-# own training commands; 16_your_own_script.sbatch sets it from the reader's command
-# (guide_command_match). --overlap lets the step run beside the training step.
+# own training processes (GUIDE_ENGINE_MATCH); 16_your_own_script.sbatch sets it from the
+# reader's command (guide_command_match). --overlap lets the step run beside the training step.
 guide_signal_training() {
     # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
@@ -324,7 +440,7 @@ guide_signal_training() {
             tr "\0" "\n" 2>/dev/null <"$d/environ" | grep -qx "SLURM_JOB_ID=$2" || continue
             tr "\0" " " 2>/dev/null <"$d/cmdline" | grep -Eq -- "$3" && kill "-$1" "${d#/proc/}" 2>/dev/null
         done
-        exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-guide_utils[.]train}" ||
+        exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" ||
         echo "== could not signal every node (srun exit $?)" >&2
 }
 
@@ -372,6 +488,9 @@ guide_run_requeueable() {
         ((usr1)) || break  # an interrupted wait returns early; wait again for the real status
     done
     trap - USR1
+    # The launcher's own status after a warning: 138 (128 + USR1) would say the signal reached
+    # the launcher rather than only the training processes.
+    ((!warned)) || echo "== launch ended with status $status after the warning"
     # After a warning, any failure with a checkpoint on disk is a stop to resume from: 75 from
     # the training itself, or the status a launcher makes of it (torchrun: 1).
     if ((status == 75)) || { ((warned && status != 0)) && compgen -G "$GUIDE_CHECKPOINTS/*" >/dev/null; }; then

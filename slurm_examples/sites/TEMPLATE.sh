@@ -47,6 +47,18 @@ GUIDE_SRUN_ARGS=()          # optional (an array): more options for every srun t
                             # ("--cpu-bind=mask_cpu:..."); not used for one-task-per-node steps
 GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0), (--constraint=gpu)
 GUIDE_DOCTOR=full           # optional: full (default) checks the frameworks in every job; quick: the Slurm job only
+GUIDE_HOROVOD=yes           # optional: yes (default) when the software has a Horovod for this site's GPUs
+                            # (built with NCCL where there are GPUs); no: the scripts default to DDP
+                            # (DIST=ddp, 03's srun-ddp, 10's RUNTIME=torch); DIST=horovod still asks for it
+GUIDE_SHARED_SBATCH=()      # optional (an array): sbatch options for a job smaller than one node (one node,
+                            # fewer tasks than GUIDE_TASKS_PER_NODE) instead of GUIDE_PARTITION and
+                            # GUIDE_SBATCH_EXTRA, where whole nodes are billed otherwise: e.g.
+                            # (--partition=small-g), (--constraint=gpu --qos=shared). Empty: as every job
+GUIDE_SHARED_SRUN_ARGS=()   # optional (an array): the srun options of such a job instead of GUIDE_SRUN_ARGS
+                            # (binding masks meant for a whole node do not fit a part of one)
+GUIDE_OUTPUT=""             # optional: a folder on the shared file system (a project's scratch) for the run
+                            # records (results/) and checkpoints (checkpoints/); empty: the repository,
+                            # often in $HOME with a small quota. GUIDE_RESULTS_DIR, GUIDE_CHECKPOINT_ROOT win
 # optional: the network between the nodes, as sold ("10Gbit/s", "100Gbit/s"): every run record
 # keeps it (environment.network), so runs on two networks can be told apart. Exported, so
 # that the training processes see it; a value given at submission wins.

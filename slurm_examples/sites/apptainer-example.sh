@@ -32,3 +32,8 @@ GUIDE_TRAIN_ARGS=(--amp bf16 --channels-last)
 # run the DDP examples (DIST=ddp: no MPI at all) or Horovod over Gloo (horovodrun).
 GUIDE_SRUN_MPI=pmix
 GUIDE_SBATCH_EXTRA=()
+# The image's Horovod is built without NCCL (containers/guide.def): on GPUs it would average
+# the gradients through host memory. The scripts default to DDP (NCCL from the torch wheel);
+# DIST=horovod still runs Horovod where that is wanted.
+GUIDE_HOROVOD=no
+GUIDE_OUTPUT=/scratch/my_project/$USER/guide  # run records and checkpoints, in the bound project directory

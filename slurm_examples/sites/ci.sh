@@ -17,6 +17,7 @@ GUIDE_TRAIN_PROFILE=smoke
 GUIDE_TRAIN_ARGS=(--model small_resnet --image-size 16)  # an image model for the image archive
 GUIDE_SRUN_MPI=pmix
 GUIDE_SBATCH_EXTRA=()
+GUIDE_HOROVOD=yes  # the venv's Horovod (Gloo and MPI): CPUs only, no NCCL needed
 # The doctor's framework probes import PyTorch, TensorFlow and Horovod in fresh interpreters:
 # about 7 CPU-seconds a job, and the tests submit some thirty jobs on two cores. The tests'
 # jobs that check the doctor's verdict set GUIDE_DOCTOR=full; the stack itself is checked

@@ -11,10 +11,14 @@ GUIDE_GPU_REQUEST="--gpus-per-node=%d"
 GUIDE_SCRATCH=$LOCAL_SCRATCH  # placeholder name of the node-local disk (the job's copy goes in guide-<job id>)
 GUIDE_SOFTWARE=apptainer
 GUIDE_CONTAINER=$HOME/containers/guide.sif
-GUIDE_APPTAINER_FLAGS=(--cleanenv --nv -B "$LOCAL_SCRATCH")
+GUIDE_APPTAINER_FLAGS=(--cleanenv --nv -B "$LOCAL_SCRATCH" -B /scratch/my_project)
 GUIDE_DATASET_ARCHIVE=/scratch/my_project/datasets/ilsvrc2012.tar
 GUIDE_DATASET_NAME=ilsvrc2012
 GUIDE_TRAIN_PROFILE=full
 GUIDE_TRAIN_ARGS=(--amp bf16 --channels-last)
 GUIDE_SRUN_MPI=pmix
 GUIDE_SBATCH_EXTRA=(--exclusive)
+GUIDE_SHARED_SBATCH=()  # placeholder: a centre's options for jobs of fewer GPUs than a node (no --exclusive)
+# The image's Horovod is built without NCCL (containers/guide.def): the scripts default to DDP.
+GUIDE_HOROVOD=no
+GUIDE_OUTPUT=/scratch/my_project/$USER/guide  # placeholder: run records and checkpoints on the project's scratch

@@ -14,7 +14,9 @@
 #   https://github.com/HewlettPackard/shs-ccl-docs  HPE's libfabric settings for NCCL/RCCL on Slingshot
 GUIDE_ACCOUNT="project_465000000"  # placeholder: your LUMI project
 # Whole nodes: CPU binding as below is meant for full-node allocations only (LUMI's binding
-# page). For one GCD (01) copy this file with GUIDE_PARTITION=small-g and GUIDE_SRUN_ARGS=().
+# page). A job of fewer GCDs than a node (01) goes to small-g, LUMI's partition that allocates
+# by resources instead of by whole nodes (partitions page), with no masks and the memory of
+# its GCDs (480G / 8 GCDs: our arithmetic, placeholder): GUIDE_SHARED_* below.
 GUIDE_PARTITION=standard-g
 GUIDE_TASKS_PER_NODE=8             # one task per GCD
 GUIDE_CPUS_PER_TASK=7              # 56 usable cores / 8: the first core of each 8-core L3 group is reserved
@@ -57,11 +59,20 @@ GUIDE_TRAIN_ARGS=()                # e.g. (--amp bf16)
 # need a Horovod built against Cray MPICH, which the module above does not include.
 GUIDE_SRUN_MPI=cray_shasta
 GUIDE_SBATCH_EXTRA=(--mem=480G)    # what LUMI's AI guide asks for a full node
+GUIDE_SHARED_SBATCH=(--partition=small-g --mem-per-gpu=60G)
+GUIDE_SHARED_SRUN_ARGS=()
+# No Horovod in CSC's PyTorch modules from 2.1 on: the scripts default to DDP.
+GUIDE_HOROVOD=no
+# Run records and checkpoints on the project's scratch (LUMI-P Lustre), not in $HOME.
+GUIDE_OUTPUT=/scratch/project_465000000/$USER/guide  # placeholder project
 # RCCL reads the NCCL_* names. Without the Slingshot interfaces RCCL tries one it cannot use
 # and inter-node GPU traffic fails; PHB lets GPU RDMA reach the NIC next to each GCD (the
-# default from ROCm 6.2 on). Check with NCCL_DEBUG=INFO once that the network RCCL names is
-# the libfabric (OFI) plugin, not sockets.
-export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB
+# default from ROCm 6.2 on). HPE's RCCL note (shs-ccl-docs, rccl/rccl_tuning_guide.md):
+# NCCL_NET="AWS Libfabric" makes RCCL stop when the libfabric (OFI) plugin does not load,
+# instead of falling back to TCP sockets in silence; NCCL_CROSS_NIC=1 "has been found to
+# improve performance on large systems". The job's doctor also reads RCCL's own line about
+# the plugin (NCCL_DEBUG=INFO) from a short probe on multi-node GPU jobs.
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB NCCL_NET="AWS Libfabric" NCCL_CROSS_NIC=1
 # HPE's libfabric settings for NCCL/RCCL on Slingshot: a registration-cache monitor that
 # notices remapped pages, no provider calls that may deadlock, a larger completion queue.
 export FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DISABLE_HOST_REGISTER=1 FI_CXI_DEFAULT_CQ_SIZE=131072

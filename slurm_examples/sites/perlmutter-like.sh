@@ -23,9 +23,15 @@ GUIDE_CPUS_PER_TASK=32
 # SC23 tutorial does. Per-task binding kept NCCL off NVLink in one report (NVIDIA/nccl#1066).
 GUIDE_GPU_REQUEST="--gpus-per-task=1"
 GUIDE_SRUN_ARGS=(--cpu-bind=cores --gpu-bind=none)
-# regular gives whole nodes; a one-GPU run (01) is better off on the shared QOS: add
-# --qos=shared after the script name (options given there win).
+# regular gives whole nodes; a job of fewer GPUs than a node (01) goes to the shared QOS, as
+# NERSC's SC23 tutorial runs (-q shared; the QOSes: https://docs.nersc.gov/jobs/policy/).
 GUIDE_SBATCH_EXTRA=(--constraint=gpu --qos=regular)
+GUIDE_SHARED_SBATCH=(--constraint=gpu --qos=shared)
+GUIDE_SHARED_SRUN_ARGS=(--cpu-bind=cores --gpu-bind=none)
+# Placeholder: we did not check whether NERSC's PyTorch module has a Horovod built with NCCL;
+# the scripts default to DDP, and DIST=horovod asks for Horovod where it is there.
+GUIDE_HOROVOD=no
+GUIDE_OUTPUT=$PSCRATCH/guide  # run records and checkpoints on the all-flash scratch, not in $HOME
 GUIDE_SCRATCH=/tmp        # placeholder: we could not check what backs /tmp on the GPU nodes (the
                           # staging refuses it if it is a network file system; memory is fine)
 GUIDE_SOFTWARE=modules
@@ -47,8 +53,12 @@ GUIDE_SRUN_MPI=cray_shasta
 # the Slingshot interfaces (placeholder names: they must match the node's, `ip link`), RDMA
 # between GPU and NIC (PHB), and libfabric's registration-cache monitor, no provider calls
 # that may deadlock and a larger completion queue. NERSC's SC23 tutorial sets the monitor too.
-# Check with NCCL_DEBUG=INFO once that NCCL says it loaded the plugin, not sockets.
-export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB
+# HPE's NCCL note (shs-ccl-docs, nccl/nccl_tuning_guide.md): NCCL_NET="AWS Libfabric" makes
+# NCCL stop when the plugin does not load instead of falling back to TCP sockets in silence;
+# NCCL_CROSS_NIC=1 "has been found to improve performance on large systems" (NERSC's own
+# NCCL module for containers sets both). The job's doctor also reads NCCL's line about the
+# plugin (NCCL_DEBUG=INFO) from a short probe on multi-node GPU jobs.
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB NCCL_NET="AWS Libfabric" NCCL_CROSS_NIC=1
 export FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DISABLE_HOST_REGISTER=1 FI_CXI_DEFAULT_CQ_SIZE=131072
 # Horovod (DIST=horovod): when some ranks wait for others that never send their tensors (a
 # hung node, a rank stuck in I/O), Horovod warns after 60 s and by default never stops, so

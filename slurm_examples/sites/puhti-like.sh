@@ -23,6 +23,10 @@ GUIDE_SOFTWARE=modules
 # on it has no Horovod, so run the DDP paths (DIST=ddp; 03 with LAUNCHER=torchrun or srun-ddp).
 GUIDE_MODULES="pytorch/2.5"
 GUIDE_MODULE_PURGE=yes           # CSC's own examples purge before loading
+GUIDE_HOROVOD=no                 # no Horovod in the module from 2.1 on: the scripts default to DDP
+# Puhti's gpu partition allocates by resources (GPUs, cores, memory), not whole nodes: no
+# GUIDE_SHARED_SBATCH needed. Run records and checkpoints on the project's scratch:
+GUIDE_OUTPUT=/scratch/project_2001234/$USER/guide  # placeholder project
 GUIDE_VENV=""                    # modules only
 # The guide's own small packages (requirements.txt, "guide_utils' own needs") go beside the
 # module, once, on a login node; pip leaves alone what the module already has:

@@ -18,3 +18,5 @@ GUIDE_TRAIN_PROFILE=full
 GUIDE_TRAIN_ARGS=()
 GUIDE_SRUN_MPI=pmi2
 GUIDE_SBATCH_EXTRA=(--mem=0)
+GUIDE_HOROVOD=yes  # the thesis's runs: Horovod
+GUIDE_OUTPUT=$WRKDIR/guide  # run records and checkpoints on the work directory, not in $HOME

@@ -31,6 +31,7 @@ from ..core.config import PROFILES, make_config
 # The command and its public face; the parts, one module per job, are named above.
 from .doctor_diagnosis import EXPECTED, Diagnosis, diagnose, diagnose_job
 from .doctor_facts import DEFAULT_LOADER_WORKERS, DISTS, FRAMEWORKS, Facts, Job, gather
+from .doctor_probes import network_report
 from .doctor_report import render
 from .doctor_tasks import check as check_tasks
 
@@ -62,9 +63,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: judge the CPUs and GPUs of a job's tasks from their `python -m guide_utils "
                              "task-probe` lines in FILE (- for stdin); exit status 1 when a task lacks what the "
                              "job asked for")
+    parser.add_argument("--network", action="store_true",
+                        help="instead: start NCCL (RCCL) once on this node's GPU with NCCL_DEBUG=INFO and say which "
+                             "network it uses between nodes; exit status 1 when it is TCP sockets where the site's "
+                             "settings expect the libfabric (OFI) plugin")
     args = parser.parse_args(argv)
     if args.tasks is not None:
         return check_tasks(args.tasks)
+    if args.network:
+        line, problems = network_report()
+        print("\n".join([line, *(f"PROBLEM: {p}" for p in problems)]))
+        return 1 if problems else 0
     if args.loader_workers is None:
         args.loader_workers = make_config(args.profile).loader_workers
         if args.loader_workers == "auto":  # what the engine picks on a GPU with this process's CPUs

@@ -11,6 +11,15 @@ sm_70 and older: V100, P100), which fails with "no kernel image is available".
 True
 >>> runs_on("sm_86", ["sm_80", "sm_90"]), runs_on("sm_70", ["sm_75", "sm_80"]), runs_on("sm_70", ["compute_60"])
 (True, False, True)
+
+The same two on AMD GPUs and on the driver: a ROCm build has code objects for a list of gfx
+targets only (an MI250X GCD is gfx90a; ``gcnArchName`` adds features after a colon), and a
+CUDA build needs a driver that supports its CUDA major version.
+
+>>> gfx_target("gfx90a:sramecc+:xnack-"), runs_on_gfx("gfx90a:sramecc+:xnack-", ["gfx908", "gfx90a", "gfx942"])
+('gfx90a', True)
+>>> driver_supports(12040, "12.6"), driver_supports(11080, "12.1"), driver_supports(None, "12.1")
+(True, False, True)
 """
 
 from __future__ import annotations
@@ -58,6 +67,43 @@ def runs_on(capability: str, arch_list: list[str]) -> bool:
     return False
 
 
+def gfx_target(arch_name: str) -> str:
+    """The gfx target of a ``gcnArchName`` ("gfx90a:sramecc+:xnack-" -> "gfx90a")."""
+    return arch_name.split(":", 1)[0].strip()
+
+
+def runs_on_gfx(arch_name: str, arch_list: list[str]) -> bool:
+    """Whether a ROCm build for ``arch_list`` has code objects for a GPU of ``arch_name``."""
+    return gfx_target(arch_name) in {gfx_target(a) for a in arch_list}
+
+
+def driver_supports(driver: int | None, torch_cuda: str | None) -> bool:
+    """Whether a driver that supports CUDA ``driver`` (cudaDriverGetVersion: 12040 = 12.4) runs a
+    build for CUDA ``torch_cuda``: from CUDA 11 on, any driver of the same major version does
+    (minor version compatibility); an older major does not. Unknown values pass."""
+    if not driver or not torch_cuda or not torch_cuda.split(".")[0].isdigit():
+        return True
+    return driver // 1000 >= int(torch_cuda.split(".")[0])
+
+
+def _rocm_and_driver_problems(torch: dict[str, Any]) -> list[str]:
+    problems = []
+    driver, cuda = torch.get("cuda_driver"), torch.get("torch_cuda")
+    if not driver_supports(driver, cuda):
+        problems.append(f"the NVIDIA driver supports CUDA up to {driver // 1000}.{driver % 1000 // 10}, but this "
+                        f"PyTorch {torch['torch']} is built for CUDA {cuda}: CUDA does not start ('driver too "
+                        f"old'); install a PyTorch for CUDA {driver // 1000}.x or load the site's module ({WHERE})")
+    arch = torch.get("arch_list") or []
+    for index, gpu in enumerate(torch.get("gpus") or []):
+        gfx = gpu.get("gfx")
+        if gfx and arch and torch.get("torch_hip") and not runs_on_gfx(gfx, arch):
+            problems.append(f"GPU {index} ({gpu['name']}, {gfx_target(gfx)}) is not among this PyTorch's ROCm "
+                            f"targets ({' '.join(arch)}): its first kernel fails (no code object for "
+                            f"{gfx_target(gfx)}); install a ROCm build of PyTorch for it or the site's module "
+                            f"({WHERE})")
+    return problems
+
+
 def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str]) -> list[str]:
     """Problems: GPUs in the allocation that this PyTorch (the torch probe's facts) cannot use."""
     if torch is None:
@@ -77,4 +123,4 @@ def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str]) -> list[s
             problems.append(f"GPU {index} ({gpu['name']}, {cap}) is not among this PyTorch's CUDA architectures "
                             f"({' '.join(arch)}): its first kernel fails with 'no kernel image is available'; "
                             f"install a PyTorch built for {cap} (an older CUDA's index) or the site's module ({WHERE})")
-    return problems
+    return problems + _rocm_and_driver_problems(torch)

@@ -29,8 +29,8 @@ from typing import Any, Mapping
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..runtime import launchers
+from ..runtime.gpus import device_index, device_variable, usable_devices, visible_devices
 from ..runtime.launchers.base import affinity
-from ..runtime.gpus import device_index, device_variable, visible_devices
 from ..runtime.slurm import SlurmJob, read_int
 from .doctor_gpus import allocated
 
@@ -60,7 +60,7 @@ def probe(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     # SLURM_PROCID is the node's task or its daemon's, not the rank.
     launcher = launchers.detect(env)
     local_rank = launcher.local_rank if launcher is not None else 0
-    visible = visible_devices(env)
+    usable = usable_devices(env)
     return {
         "node": env.get("SLURMD_NODENAME") or socket.gethostname(),
         "rank": launcher.rank if launcher is not None else 0,
@@ -68,8 +68,8 @@ def probe(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "cpus": _cpus(),
         "cpus_per_task": read_int(env, "SLURM_CPUS_PER_TASK"),
         "gpu_variable": device_variable(env),
-        "visible_gpus": visible,
-        "gpu": visible[device_index(local_rank, len(visible))] if visible else None,
+        "visible_gpus": visible_devices(env),
+        "gpu": usable[device_index(local_rank, len(usable))] if usable else None,
         "job_gpus": allocated(env),  # NAME=value that shows the job has GPUs, None on a CPU job
         "local": False,
     }
@@ -139,11 +139,13 @@ def _cpu_problems(node: str, tasks: list[dict[str, Any]]) -> list[str]:
 
 
 def _blind(task: dict[str, Any]) -> bool:
-    """Whether a task of a GPU job gets no GPU: its device list is empty, or it has none
-    although Slurm knows the job's GPUs by index (it sets a list in every step given GPUs:
-    a step started with --gres=none has none, and where the site confines devices, no GPU)."""
+    """Whether a task of a GPU job gets no GPU: its device list is empty, or it has no list and
+    no count of the step's GPUs on its node (a step started with --gres=none: where the site
+    confines devices, no GPU) although Slurm knows the job's GPUs by index. A step given GPUs
+    per task without binding (--gpu-bind=none) has no list either, but has its count."""
     indexed = (task["job_gpus"] or "").startswith(("SLURM_JOB_GPUS=", "SLURM_STEP_GPUS="))
-    return task["visible_gpus"] == [] or (task["visible_gpus"] is None and indexed)
+    unlisted = task["visible_gpus"] is None and task["gpu"] is None
+    return task["visible_gpus"] == [] or (unlisted and indexed)
 
 
 def _gpu_problems(node: str, tasks: list[dict[str, Any]]) -> list[str]:
@@ -153,7 +155,8 @@ def _gpu_problems(node: str, tasks: list[dict[str, Any]]) -> list[str]:
     blind = [t for t in tasks if _blind(t)]
     if blind:
         evidence = next(t["job_gpus"] for t in tasks if t["job_gpus"])
-        seen = f"{blind[0]['gpu_variable']} is empty" if blind[0]["gpu_variable"] else "no CUDA_VISIBLE_DEVICES"
+        variable = blind[0]["gpu_variable"]
+        seen = f"{variable} is empty" if variable else "no device list, no SLURM_GPUS_ON_NODE"
         problems.append(f"rank(s) {_ranks(blind)} on {node} see no GPU ({seen}) although the job has GPUs "
                         f"({evidence}), so they would train on the CPU: start the step with the job's GPUs (no "
                         f"--gpus=0 or --gres=none on srun; e.g. srun --gpus-per-task=1)")
@@ -163,7 +166,8 @@ def _gpu_problems(node: str, tasks: list[dict[str, Any]]) -> list[str]:
             users.setdefault(t["gpu"], []).append(t)
     shared = {gpu: ts for gpu, ts in users.items() if len(ts) > 1}
     if shared:
-        lists = sorted({f"{t['gpu_variable']}={','.join(t['visible_gpus'])}" for ts in shared.values() for t in ts})
+        lists = sorted({f"{t['gpu_variable']}={','.join(t['visible_gpus'])}" if t["visible_gpus"] is not None
+                        else "no device list" for ts in shared.values() for t in ts})
         which = "; ".join(f"ranks {_ranks(ts)} on GPU {gpu}" for gpu, ts in shared.items())
         problems.append(f"ranks on {node} would share a GPU ({which}; {len(tasks)} tasks, {' / '.join(lists)}): "
                         f"{GPU_FIX}")

@@ -31,6 +31,7 @@ source "$GUIDE_ROOT/slurm_examples/lib/guide.sh"
 guide_load_site
 for v in GUIDE_SITE_FILE "${VALUES[@]}"; do printf '%s=%s\0' "$v" "${!v}"; done
 for x in ${GUIDE_SBATCH_EXTRA[@]+"${GUIDE_SBATCH_EXTRA[@]}"}; do printf 'GUIDE_SBATCH_EXTRA=%s\0' "$x"; done
+for x in ${GUIDE_SHARED_SBATCH[@]+"${GUIDE_SHARED_SBATCH[@]}"}; do printf 'GUIDE_SHARED_SBATCH=%s\0' "$x"; done
 """
 
 
@@ -47,19 +48,27 @@ class Site:
     srun_mpi: str
     train_profile: str
     sbatch_extra: tuple[str, ...] = field(default_factory=tuple)
+    shared_sbatch: tuple[str, ...] = field(default_factory=tuple)  # a job smaller than a node: instead
 
     def nodes_for(self, n: int) -> int:
         return math.ceil(n / self.tasks_per_node)
 
     def sbatch_options(self, n: int) -> list[str]:
-        """The sbatch options for ``n`` tasks, one per GPU, as ``submit.sh`` would give them."""
+        """The sbatch options for ``n`` tasks, one per GPU, as ``submit.sh`` would give them (a
+        job smaller than a node: the profile's options for shared nodes instead of its partition
+        and extras, where it has them).
+
+        >>> replace(EXAMPLE, shared_sbatch=("--qos=shared",)).sbatch_options(2)[-2:]
+        ['--gres=gpu:v100:2', '--qos=shared']
+        """
         per_node = min(n, self.tasks_per_node)
+        shared = bool(self.shared_sbatch) and n < self.tasks_per_node
         opts = [f"--nodes={self.nodes_for(n)}", f"--ntasks={n}", f"--ntasks-per-node={per_node}",
                 f"--cpus-per-task={self.cpus_per_task}"]
         opts += [f"--account={self.account}"] if self.account else []
-        opts += [f"--partition={self.partition}"] if self.partition else []
+        opts += [f"--partition={self.partition}"] if self.partition and not shared else []
         opts += [self.gpu_option(per_node)] if self.gpu_request else []
-        return opts + list(self.sbatch_extra)
+        return opts + list(self.shared_sbatch if shared else self.sbatch_extra)
 
     def gpu_option(self, per_node: int) -> str:
         """The GPU request for ``per_node`` tasks per node: a count per node where the profile
@@ -89,16 +98,17 @@ def read_site(site: str | None = None) -> Site:
         lines = out.stderr.decode(errors="replace").strip().splitlines() or [f"bash exited {out.returncode}"]
         raise GuideError(lines[-1].removeprefix("error: "))
     values: dict[str, str] = {}
-    extra: list[str] = []
+    lists: dict[str, list[str]] = {"GUIDE_SBATCH_EXTRA": [], "GUIDE_SHARED_SBATCH": []}
     for item in out.stdout.decode().split("\0"):
         if "=" in item:
             name, value = item.split("=", 1)
-            extra.append(value) if name == "GUIDE_SBATCH_EXTRA" else values.__setitem__(name, value)
+            lists[name].append(value) if name in lists else values.__setitem__(name, value)
     return Site(file=values["GUIDE_SITE_FILE"], name=site, account=values["GUIDE_ACCOUNT"],
                 partition=values["GUIDE_PARTITION"], tasks_per_node=int(values["GUIDE_TASKS_PER_NODE"]),
                 cpus_per_task=int(values["GUIDE_CPUS_PER_TASK"]), gpu_request=values["GUIDE_GPU_REQUEST"],
                 software=values["GUIDE_SOFTWARE"], srun_mpi=values["GUIDE_SRUN_MPI"],
-                train_profile=values["GUIDE_TRAIN_PROFILE"], sbatch_extra=tuple(extra))
+                train_profile=values["GUIDE_TRAIN_PROFILE"], sbatch_extra=tuple(lists["GUIDE_SBATCH_EXTRA"]),
+                shared_sbatch=tuple(lists["GUIDE_SHARED_SBATCH"]))
 
 
 def check_against_cluster(site: Site, n: int) -> None:

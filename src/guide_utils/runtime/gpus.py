@@ -13,6 +13,16 @@ on AMD ones; a process sees only those, numbered from 0.
 ([], True)
 >>> [device_index(local_rank, 2) for local_rank in range(4)]
 [0, 1, 0, 1]
+
+A step whose GPUs are asked per task but not bound to the tasks (``--gpus-per-task=1
+--gpu-bind=none``, NERSC's way) gets no device list at all from Slurm 22.05: each task sees the
+node's GPUs of the step, which Slurm counts in ``SLURM_GPUS_ON_NODE`` (a step started without
+GPUs, ``--gres=none``, has no count), and picks its own by local rank.
+
+>>> usable_devices({"SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_GPUS": "0,1,2,3"})
+['0', '1', '2', '3']
+>>> usable_devices({"SLURM_JOB_GPUS": "0,1"}) is None, usable_devices({"CUDA_VISIBLE_DEVICES": "3"})
+(True, ['3'])
 """
 
 from __future__ import annotations
@@ -47,3 +57,15 @@ def device_index(local_rank: int, count: int) -> int:
     if count < 1:
         raise ValueError(f"no GPU to choose from (count={count})")
     return local_rank % count
+
+
+def usable_devices(env: Mapping[str, str]) -> list[str] | None:
+    """The GPUs this process may use: its device list's, else (no list: every GPU of the step on
+    this node is visible) as many as ``SLURM_GPUS_ON_NODE`` counts, numbered from 0 as CUDA and
+    ROCm number them where the site confines a job to its own devices (cgroups; a node shared
+    without that would show the others' GPUs too). None when neither says: no GPU known."""
+    visible = visible_devices(env)
+    if visible is not None:
+        return visible
+    count = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    return [str(i) for i in range(int(count))] if count.isdigit() and int(count) > 0 else None

@@ -15,7 +15,7 @@ from typing import ClassVar, Mapping
 
 from ...core.errors import GuideError
 from .. import rendezvous
-from ..gpus import device_index, visible_devices
+from ..gpus import device_index, usable_devices
 from ..slurm import SlurmJob, read_int
 
 BACKENDS = ("horovod", "ddp", "mwms")  # the --dist values that need a launcher
@@ -160,9 +160,9 @@ class Launcher:
 
     # -- the node's share -------------------------------------------------------------------
     def gpus(self) -> list[str] | None:
-        """The GPUs this process may use, as its device list names them (``runtime.gpus``);
-        None when no list is set (it sees every GPU of the node)."""
-        return visible_devices(self.env)
+        """The GPUs this process may use (``runtime.gpus.usable_devices``: its device list, else
+        the step's count on this node); None when neither says."""
+        return usable_devices(self.env)
 
     def gpu(self) -> str | None:
         """The GPU of ``gpus()`` this rank takes (``runtime.gpus.device_index``), or None."""

@@ -1,0 +1,104 @@
+"""The doctor's network check (``doctor --network``): which network NCCL or RCCL uses between
+nodes, read from its NCCL_DEBUG=INFO lines. The lines below have the forms NCCL 2.18-2.23, RCCL
+and the aws-ofi plugin print (their source's format strings; host, pid and thread made up);
+the probe itself needs a GPU and says so on a CPU node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guide_utils.cluster.doctor_probes import expects_plugin, judge_network, network_problems, nccl_network
+
+SLINGSHOT = {"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "FI_CXI_DISABLE_HOST_REGISTER": "1"}
+
+LOGS = {
+    # NCCL 2.18 (the message before 2.19), no plugin: internal sockets
+    "2.18 sockets": """\
+nid001:4711:4711 [0] NCCL INFO NCCL version 2.18.5+cuda12.1
+nid001:4711:4790 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation
+nid001:4711:4790 [0] NCCL INFO NET/Socket : Using [0]hsn0:10.100.0.1<0>
+nid001:4711:4790 [0] NCCL INFO Using network Socket
+""",
+    # NCCL 2.21: dlopen's error, then the internal plugin
+    "2.21 sockets": """\
+nid001:528157:528157 [0] NCCL INFO NET/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared \
+object file: No such file or directory : when loading libnccl-net.so
+nid001:528157:528157 [0] NCCL INFO NET/Plugin: Using internal network plugin.
+NCCL version 2.21.5+cuda12.4
+nid001:528157:528268 [0] NCCL INFO Using network Socket
+""",
+    # NCCL 2.23 with the aws-ofi-nccl plugin on Slingshot
+    "2.23 ofi": """\
+nid001:58239:58239 [0] NCCL INFO NCCL version 2.23.4+cuda12.6
+nid001:58239:58245 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v8)
+nid001:58239:58245 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.13.2-aws
+nid001:58239:58245 [0] NCCL INFO NET/OFI Selected Provider is cxi (found 4 nics)
+nid001:58239:58245 [0] NCCL INFO Using network AWS Libfabric
+""",
+    # RCCL (LUMI-like) with aws-ofi-rccl
+    "rccl ofi": """\
+nid005000:1234:1234 [0] NCCL INFO RCCL version 2.18.3+hip6.0 HEAD:2a5d09f
+nid005000:1234:1300 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v6)
+nid005000:1234:1300 [0] NCCL INFO NET/OFI Using aws-ofi-rccl 1.4.0
+nid005000:1234:1300 [0] NCCL INFO Using network AWS Libfabric
+""",
+}
+
+
+def test_the_network_lines_of_each_version_are_read():
+    assert nccl_network(LOGS["2.18 sockets"]) == {"library": "NCCL", "version": "2.18.5", "plugin": None,
+                                                  "ofi": None, "no_plugin": True, "network": "Socket"}
+    found = nccl_network(LOGS["2.21 sockets"])
+    assert (found["version"], found["no_plugin"], found["network"]) == ("2.21.5", True, "Socket")
+    assert nccl_network(LOGS["2.23 ofi"]) == {"library": "NCCL", "version": "2.23.4", "plugin": "AWS Libfabric",
+                                              "ofi": "aws-ofi-nccl 1.13.2-aws", "no_plugin": False,
+                                              "network": "AWS Libfabric"}
+    found = nccl_network(LOGS["rccl ofi"])
+    assert (found["library"], found["version"], found["ofi"], found["network"]) == \
+        ("RCCL", "2.18.3", "aws-ofi-rccl 1.4.0", "AWS Libfabric")
+
+
+def test_sockets_are_a_problem_only_where_the_site_expects_a_plugin():
+    """On Slingshot (hsn interfaces, libfabric's CXI settings, NCCL_NET) TCP sockets mean the
+    plugin did not load; on an Ethernet cluster they are the network."""
+    assert expects_plugin(SLINGSHOT) and expects_plugin({"NCCL_NET": "AWS Libfabric"})
+    assert not expects_plugin({"NCCL_SOCKET_IFNAME": "enp2s0"}) and not expects_plugin({})
+    for name in ("2.18 sockets", "2.21 sockets"):
+        [problem] = network_problems(nccl_network(LOGS[name]), SLINGSHOT)
+        assert "uses TCP sockets between nodes (it found no network plugin" in problem and "NCCL_NET=" in problem
+        assert network_problems(nccl_network(LOGS[name]), {"NCCL_SOCKET_IFNAME": "enp2s0"}) == []
+    for name in ("2.23 ofi", "rccl ofi"):
+        assert network_problems(nccl_network(LOGS[name]), SLINGSHOT) == []
+    [silent] = network_problems(nccl_network("NCCL version 2.21.5+cuda12.4\n"), SLINGSHOT)
+    assert "did not say which network" in silent
+
+
+def test_the_check_on_a_node_without_a_gpu_says_so_and_passes():
+    out = subprocess.run([sys.executable, "-m", "guide_utils", "doctor", "--network"], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **SLINGSHOT})
+    if "not checked" not in out.stdout:
+        pytest.skip(f"this machine has a GPU: {out.stdout.strip()}")
+    assert out.returncode == 0 and out.stdout.strip() == "network  not checked (no GPU here: NCCL needs one)"
+
+
+RECORDED = Path(__file__).parent / "data" / "nccl"
+
+
+def test_recorded_runs_of_the_probe_are_judged():
+    """The probe as it ran on one NVIDIA H100 (80GB HBM3, PyTorch 2.11.0+cu130 with NCCL 2.28.9,
+    no network plugin, Ethernet only; 2026-11-27, channel lines left out): sockets, which are
+    this machine's network; and with NCCL_NET="AWS Libfabric" and no plugin, NCCL stops."""
+    log = (RECORDED / "2.28.9-h100-sockets.log").read_text()
+    line, problems = judge_network(0, log, {})
+    assert line == "network  NCCL 2.28.9: Socket (net plugin: none)" and problems == []
+    [problem] = judge_network(0, log, SLINGSHOT)[1]
+    assert problem.startswith("NCCL uses TCP sockets between nodes (it found no network plugin")
+    forced = (RECORDED / "2.28.9-h100-nccl-net-forced.log").read_text()
+    line, [problem] = judge_network(1, forced, {"NCCL_NET": "AWS Libfabric"})
+    assert line == "network  NCCL 2.28.9 did not start"
+    assert "NCCL WARN Failed to initialize any NET plugin" in problem and "NCCL_NET='AWS Libfabric'" in problem
