@@ -1,0 +1,112 @@
+"""``python -m guide_utils links``: emulated hosts (network namespaces) joined by shaped links.
+
+Built and removed for real (ip netns, veth, a bridge, tc tbf): nothing is left behind, also
+after a Ctrl-C or a SIGKILL, and a second run works; the shaping holds for one TCP
+connection and for the guide's own allreduce; without the privileges, one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import child_env
+from guide_utils.perf import links, links_launch, links_study
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+root_only = pytest.mark.skipif(links.privileges() is not None, reason=f"needs root: {links.privileges()}")
+LINKS = [sys.executable, "-m", "guide_utils", "links"]
+
+
+def _host_state() -> tuple[str, str]:
+    """This machine's own interfaces and namespaces (none of ours may stay)."""
+    ip = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return "\n".join(sorted(line.split(":")[1] for line in ip.splitlines())), \
+        subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def _wait_for_namespaces(proc: subprocess.Popen, deadline: float = 60) -> list[str]:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end and proc.poll() is None:
+        mine = [n for n in links.namespaces() if n.startswith(f"{links.PREFIX}{proc.pid}-")]
+        if len(mine) == 3:  # two hosts and the switch
+            return mine
+        time.sleep(0.1)
+    raise AssertionError(f"links run made no namespaces (exit {proc.poll()})")
+
+
+@root_only
+def test_the_cluster_is_built_shaped_and_removed_and_a_second_run_works(tmp_path):
+    before = _host_state()
+    for attempt in range(2):
+        with links.Cluster(2, links.Link.of("100Mbit/s")) as cluster:
+            assert set(links.namespaces()) >= {*cluster.hosts, cluster.switch}
+            assert cluster.qdiscs().count("tbf") == 2 and "rate 100Mbit" in cluster.qdiscs()
+            assert _host_state()[0] == before[0], "nothing may be added to this machine's own interfaces"
+            # the launchers' ssh reaches exactly the cluster's hosts, each in its own namespace
+            ssh = links_launch.write_ssh(cluster, tmp_path)
+            out = subprocess.run([str(ssh), "-o", "BatchMode=yes", "-x", cluster.addresses[1], "hostname", "-I"],
+                                 capture_output=True, text=True, timeout=30)
+            assert out.stdout.split() == [cluster.addresses[1]], out
+            assert subprocess.run([str(ssh), "192.0.2.1", "true"], capture_output=True).returncode == 255
+        assert not [n for n in links.namespaces() if n.startswith(cluster.tag)], attempt
+        assert _host_state() == before, attempt
+
+
+@root_only
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupted_or_killed_run_leaves_nothing_behind(how):
+    before = _host_state()
+    proc = subprocess.Popen([*LINKS, "run", "--", "sleep", "60"], env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    mine = _wait_for_namespaces(proc)
+    time.sleep(0.5)  # the sleeps have started inside them
+    proc.send_signal(how)
+    proc.wait(timeout=30)
+    if how == signal.SIGKILL:  # nobody removed them: the next run (or links clean) does
+        assert set(mine) <= set(links.namespaces())
+        clean = subprocess.run([*LINKS, "clean"], env=child_env(), capture_output=True, text=True, timeout=60)
+        assert clean.returncode == 0 and all(n in clean.stdout for n in mine), clean
+    assert not set(mine) & set(links.namespaces())
+    assert _host_state() == before
+
+
+@root_only
+def test_the_shaped_link_carries_its_configured_rate():
+    with links.Cluster(2, links.Link.of("100Mbit/s")) as cluster:
+        r = links_study.measure_rate(cluster)
+    assert r["rate_Mbit"] == pytest.approx(100, rel=0.2), r
+    assert 0 < r["latency_s"] < 0.01
+
+
+@root_only
+def test_the_guides_allreduce_crosses_the_shaped_link():
+    """A smoke measurement: DDP's Gloo between two hosts at 100 Mbit/s; its bus bandwidth at
+    1 MiB approaches the link's rate and never exceeds it (on loopback it would be 100 times more)."""
+    with links.Cluster(2, links.Link.of("100Mbit/s")) as cluster:
+        rows = links_launch.comms_sweep(cluster, "torch-gloo", "1M", budget="6M", timeout=180)
+    assert [r["bytes"] for r in rows] == [4, 64, 1024, 16384, 262144] and all(r["correct"] for r in rows)
+    busbw_mbit = rows[-1]["busbw_GBps"] * 8e3
+    assert 40 < busbw_mbit < 105, rows[-1]
+
+
+def test_without_privileges_one_line_and_exit_2():
+    if os.geteuid() == 0:  # root: drop the two capabilities from this child's bounding set
+        cmd = ["capsh", "--drop=cap_net_admin,cap_sys_admin", "--", "-c",
+               " ".join([*LINKS, "rate", "--rate", "100Mbit/s"])]
+    else:
+        cmd = [*LINKS, "rate"]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc
+    assert proc.stderr.count("\n") == 1 and "needs root" in proc.stderr, proc.stderr
+    assert not [n for n in links.namespaces() if n.startswith(links.PREFIX)] or os.geteuid() != 0
+
+
+def test_bad_links_are_refused_in_one_line():
+    for args in (["--rate", "100"], ["--rate", "1Tbit/s"], ["--rate", "1Gbit/s", "--delay", "5"]):
+        proc = subprocess.run([*LINKS, "rate", *args], env=child_env(), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
