@@ -110,3 +110,36 @@ def test_bad_links_are_refused_in_one_line():
     for args in (["--rate", "100"], ["--rate", "1Tbit/s"], ["--rate", "1Gbit/s", "--delay", "5"]):
         proc = subprocess.run([*LINKS, "rate", *args], env=child_env(), capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
+
+
+def test_each_launcher_is_told_the_hosts_and_the_shaped_interface(tmp_path):
+    """The command lines alone (no namespaces): every rank on its host's eth0, none on loopback
+    or shared memory, and the launchers reach the other host through the cluster's ssh."""
+    cluster = links.Cluster(2, links.Link.of("1Gbit/s"))
+    argvs, each = links_launch.commands(cluster, "torch-gloo", "guide_utils", ["comms"], tmp_path)
+    assert [a[:4] for a in argvs] == [["ip", "netns", "exec", h] for h in cluster.hosts]
+    assert [(e["RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"], e["GLOO_SOCKET_IFNAME"]) for e in each] == \
+        [("0", "2", "10.213.0.1", "eth0"), ("1", "2", "10.213.0.1", "eth0")]
+    (mpi,), (env,) = links_launch.commands(cluster, "horovod-mpi", "guide_utils", ["comms"], tmp_path)
+    assert mpi[:4] == ["ip", "netns", "exec", cluster.hosts[0]]
+    text = " ".join(mpi)
+    assert f"-H {cluster.addresses[0]},{cluster.addresses[1]}" in text and "--mca btl tcp,self" in text
+    assert f"--mca plm_rsh_agent {tmp_path / 'ssh'}" in text and "btl_tcp_if_include eth0" in text
+    (gloo,), (env,) = links_launch.commands(cluster, "horovod-gloo", "guide_utils", ["comms"], tmp_path)
+    assert "-H 10.213.0.1:1,10.213.0.2:1 --gloo --network-interface eth0" in " ".join(gloo)
+    assert env["PATH"].split(os.pathsep)[0] == str(tmp_path) and "MASTER_ADDR" not in env
+    assert env["HOROVOD_GLOO_IFACE"] == "eth0"
+
+
+def test_the_recorded_study_says_where_and_when_and_holds_together():
+    first, rows = links_study.recorded()
+    for key in ("date", "host", "hardware", "load_avg_1min", "commit", "torch", "regenerate", "cores"):
+        assert first.get(key) is not None, key
+    table = links_study.table(rows)
+    assert set(table["link"]) >= {"100 Mbit/s", "1 Gbit/s", "10 Gbit/s"}
+    assert set(table["setup"]) >= {"ddp", "horovod-gloo", "horovod-mpi"}
+    # the shaper never let more through than configured (5 % for the socket's own timing)
+    assert (table["measured_Mbit"] <= 1.05 * table["configured_Mbit"]).all()
+    for r in (r for r in rows if r["kind"] == "allreduce"):
+        assert r["correct"] and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (r["workers"] - 1)
+                                                                 / r["workers"], rel=1e-12)

@@ -45,7 +45,8 @@ def build_parser() -> ArgumentParser:
                                                                      "(default: every one this machine has)")
     sub.choices["measure"].add_argument("--max-bytes", default="64M", help="largest allreduce (default 64M)")
     sub.choices["measure"].add_argument("--record", help="write the results here, replacing the file")
-    sub.add_parser("show", help="the table of a recorded study").add_argument("file", nargs="?", help="a --record file (default: the recorded study)")
+    show = sub.add_parser("show", help="the table of a recorded study")
+    show.add_argument("file", nargs="?", help="a --record file (default: the recorded study)")
     sub.add_parser("clean", help="remove namespaces left by killed runs")
     return p
 
