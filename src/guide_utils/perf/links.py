@@ -15,7 +15,9 @@ by its own ``eth0``, so each direction of every path crosses exactly one shaped 
 SIGTERM or a failed command; a run killed outright (SIGKILL) leaves namespaces whose owner
 is gone, and the next :class:`Cluster` (or ``links clean``) removes them. It needs root
 (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2's ``ip`` and ``tc``; without them it stops
-with one line saying so.
+with one line saying so. Besides the namespaces it writes one file per host,
+``/etc/netns/NAME/hosts`` (which ``ip netns exec`` shows that host as its /etc/hosts), and
+removes it with the namespace.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core.errors import GuideError
 from .model import parse_latency
@@ -103,9 +107,12 @@ def _sh(argv: list[str], what: str) -> str:
 
 
 def namespaces() -> list[str]:
-    """Every namespace this module made that still exists (any run's)."""
+    """Every namespace this module made that still exists (any run's), and every hosts file
+    it wrote for one."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    names = [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    files = sorted(p.name for p in ETC.glob(f"{PREFIX}*")) if ETC.is_dir() else []
+    return list(dict.fromkeys([*names, *files]))
 
 
 def _owner(name: str) -> int:
@@ -122,9 +129,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
+ETC = Path("/etc/netns")  # ip netns exec NAME mounts ETC/NAME/hosts over /etc/hosts for what it runs
+
+
+def _hosts_file(name: str, address: str) -> None:
+    """This machine's name resolves to the host's own address inside its namespace (not to
+    127.0.0.1, as /etc/hosts says): Horovod's Gloo advertises the address its host name
+    resolves to, and a peer in another namespace cannot reach 127.0.0.1."""
+    folder = ETC / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n", encoding="ascii")
+
+
 def _remove(names: list[str]) -> None:
     """End the processes inside ``names`` (started in them by this module) and delete them;
-    deleting a namespace destroys its veth ends and their peers, so nothing else is left."""
+    deleting a namespace destroys its veth ends and their peers; then its hosts file."""
     for sig, pause in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.2)):
         pids = [int(p) for name in names for p in subprocess.run(
             ["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30).stdout.split()]
@@ -137,6 +156,11 @@ def _remove(names: list[str]) -> None:
             time.sleep(pause)
     for name in names:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        shutil.rmtree(ETC / name, ignore_errors=True)
+    try:
+        ETC.rmdir()  # only when empty: another tool's files there stay
+    except OSError:
+        pass
 
 
 def clean(stale_only: bool = True) -> list[str]:
@@ -198,6 +222,7 @@ class Cluster:
         _sh(["ip", "-n", self.switch, "link", "set", "br0", "up"], "bringing the bridge up")
         for i, (ns, addr) in enumerate(zip(self.hosts, self.addresses)):
             _sh(["ip", "netns", "add", ns], f"creating namespace {ns}")
+            _hosts_file(ns, addr)
             _sh(["ip", "-n", self.switch, "link", "add", f"port{i}", "type", "veth", "peer", "name", "eth0",
                  "netns", ns], f"joining {ns} to the switch")
             _sh(["ip", "-n", self.switch, "link", "set", f"port{i}", "master", "br0", "up"], "a switch port")

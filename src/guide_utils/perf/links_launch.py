@@ -38,10 +38,11 @@ def write_ssh(cluster: Cluster, folder: Path) -> Path:
     path = folder / "ssh"
     path.write_text(f"""#!/bin/sh
 # guide_utils links: "ssh HOST COMMAND" for the hosts of an emulated cluster (network namespaces)
-while [ $# -gt 0 ]; do
-  case "$1" in -o|-p|-i|-l|-F) shift 2 ;; -*) shift ;; *) break ;; esac
-done
+skip() {{ n=0; while [ $# -gt 0 ]; do case "$1" in -o|-p|-i|-l|-F) shift 2; n=$((n+2)) ;; -*) shift; n=$((n+1)) ;;
+  *) break ;; esac; done; }}
+skip "$@"; shift $n
 host="$1"; shift
+skip "$@"; shift $n  # as ssh does, options may follow the host (horovodrun puts -o ConnectTimeout there)
 case "$host" in
 {cases}
   *) echo "links ssh: $host is not a host of this emulated cluster" >&2; exit 255 ;;

@@ -9,7 +9,8 @@ For each link (rate, and a delay where the kernel has netem) of a two-host emula
 * a short training of chapter 10's model (ResNet-18, 64 px synthetic images, 16 per worker,
   one thread per worker) with DDP, Horovod over Gloo and Horovod over MPI;
 
-and once, one worker training alone (the compute time the model takes). :func:`table` puts
+and, before each link's pairs, one worker training alone (the compute time the model takes,
+measured under the load of that moment: the machine may be shared). :func:`table` puts
 beside each measured efficiency (two workers' images/s over twice one worker's) the step
 model's prediction (:func:`guide_utils.perf.model.predict`, no overlap) for the configured
 link, for the measured link, and for the network the framework's own allreduce sweep
@@ -29,6 +30,7 @@ LINKS = ("100Mbit/s", "1Gbit/s", "10Gbit/s")
 MODEL, BATCH = "resnet18", 16
 BASE = ["--profile", "full", "--model", MODEL, "--data", "synthetic", "--image-size", "64", "--epochs", "1",
         "--loader-workers", "0", "--per-worker-batch", str(BATCH)]
+ALONE_STEPS = 30  # 10 warm-up and 20 measured steps of one worker alone, before each link's pairs
 REGENERATE = "python -m guide_utils links measure --record src/guide_utils/results/recorded/links.jsonl"
 
 
@@ -84,6 +86,12 @@ def measure_link(cluster: Cluster, link: Link, runtimes: list[str], *, max_bytes
         say(f"  {runtime}: allreduce of {sweep[-1]['bytes'] >> 20} MiB at {sweep[-1]['busbw_GBps'] * 8e3:.0f} "
             "Mbit/s busbw")
     steps = steps_for(link)
+    # One worker alone, just before the pairs: on a shared machine the load drifts, and the
+    # efficiency compares two workers with one worker under the same load.
+    alone = train(None, None, _flags(ALONE_STEPS))
+    rows.append({"kind": "alone", "link": label, "setup": "alone", "steps": ALONE_STEPS, "images_per_second": alone,
+                 "load_avg_1min": os.getloadavg()[0]})
+    say(f"  one worker alone: {alone:.1f} img/s")
     for runtime in runtimes:
         rate2 = train(cluster, runtime, _flags(steps))
         rows.append({"kind": "training", "link": label, "setup": SETUP[runtime], "runtime": runtime,
@@ -108,9 +116,7 @@ def measure(links: list[Link], *, runtimes: list[str] | None = None, max_bytes: 
         if reasons.get(r):
             raise GuideError(f"--runtime {r}: {reasons[r]}")
     loads = [os.getloadavg()[0]]
-    alone = train(None, None, _flags(steps_for(Link.of("10Gbit/s"))))
-    say(f"one worker alone: {alone:.1f} img/s")
-    rows: list[dict[str, Any]] = [{"kind": "alone", "setup": "alone", "images_per_second": alone}]
+    rows: list[dict[str, Any]] = []
     with Cluster(2, links[0]) as cluster:
         for link in links:
             rows += measure_link(cluster, link, runtimes, max_bytes=max_bytes, say=say)
@@ -137,19 +143,20 @@ def table(rows: list[dict[str, Any]]):
 
     from .model import PARAMETERS, Network, Workload, calibrate_network, predict
 
-    alone = next(r["images_per_second"] for r in rows if r["kind"] == "alone")
-    work = Workload(PARAMETERS[MODEL], BATCH, alone)
     links = {r["link"]: r for r in rows if r["kind"] == "link"}
+    alone_of = {r["link"]: r["images_per_second"] for r in rows if r["kind"] == "alone"}
     out = []
     for t in (r for r in rows if r["kind"] == "training"):
-        link = links[t["link"]]
+        link, alone = links[t["link"]], alone_of[t["link"]]
+        work = Workload(PARAMETERS[MODEL], BATCH, alone)
         sweep = [r for r in rows if r["kind"] == "allreduce" and r["link"] == t["link"]]
         nets = {"configured": Network(link["configured_Bps"], link["delay_s"] + link["latency_s"]),
                 "measured": Network(link["measured_Bps"], link["latency_s"]),
                 "calibrated": calibrate_network(sweep, t["runtime"], size_bytes=work.gradient_bytes)}
         pred = {k: predict(work, net, t["workers"]) for k, net in nets.items()}
         measured = t["images_per_second"] / (t["workers"] * alone)
-        out.append({"link": t["link"], "setup": t["setup"], "configured_Mbit": link["configured_Bps"] * 8e-6,
+        out.append({"link": t["link"], "setup": t["setup"], "alone_images_per_second": alone,
+                    "configured_Mbit": link["configured_Bps"] * 8e-6,
                     "measured_Mbit": link["measured_Bps"] * 8e-6, "busbw_Mbit": nets["calibrated"].bandwidth * 8e-6,
                     "images_per_second": t["images_per_second"], "measured_eff": measured,
                     **{f"predicted_{k}": p.efficiency for k, p in pred.items()},
