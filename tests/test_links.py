@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,11 +23,12 @@ root_only = pytest.mark.skipif(links.privileges() is not None, reason=f"needs ro
 LINKS = [sys.executable, "-m", "guide_utils", "links"]
 
 
-def _host_state() -> tuple[str, str]:
-    """This machine's own interfaces and namespaces (none of ours may stay)."""
+def _host_state() -> tuple[str, str, list[str]]:
+    """This machine's own interfaces, namespaces and /etc/netns files (none of ours may stay)."""
     ip = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    etc = sorted(str(p) for p in links.ETC.rglob("*")) if links.ETC.is_dir() else []
     return "\n".join(sorted(line.split(":")[1] for line in ip.splitlines())), \
-        subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout, etc
 
 
 def _wait_for_namespaces(proc: subprocess.Popen, deadline: float = 60) -> list[str]:
@@ -47,6 +49,10 @@ def test_the_cluster_is_built_shaped_and_removed_and_a_second_run_works(tmp_path
             assert set(links.namespaces()) >= {*cluster.hosts, cluster.switch}
             assert cluster.qdiscs().count("tbf") == 2 and "rate 100Mbit" in cluster.qdiscs()
             assert _host_state()[0] == before[0], "nothing may be added to this machine's own interfaces"
+            # inside a host, this machine's name is the host's own address (Horovod's Gloo advertises it)
+            named = subprocess.run([*cluster.prefix(1), "getent", "hosts", socket.gethostname()],
+                                   capture_output=True, text=True, timeout=30).stdout.split()
+            assert named[:1] == [cluster.addresses[1]], named
             # the launchers' ssh reaches exactly the cluster's hosts, each in its own namespace
             ssh = links_launch.write_ssh(cluster, tmp_path)
             out = subprocess.run([str(ssh), "-o", "BatchMode=yes", "-x", cluster.addresses[1], "hostname", "-I"],

@@ -43,7 +43,7 @@ def build_parser() -> ArgumentParser:
     sub.choices["run"].add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
     sub.choices["measure"].add_argument("--runtime", nargs="+", help="torch-gloo, horovod-gloo, horovod-mpi "
                                                                      "(default: every one this machine has)")
-    sub.choices["measure"].add_argument("--max-bytes", default="64M", help="largest allreduce (default 64M)")
+    sub.choices["measure"].add_argument("--max-bytes", default="16M", help="largest allreduce (default 16M)")
     sub.choices["measure"].add_argument("--record", help="write the results here, replacing the file")
     show = sub.add_parser("show", help="the table of a recorded study")
     show.add_argument("file", nargs="?", help="a --record file (default: the recorded study)")

@@ -30,17 +30,17 @@ LINKS = ("100Mbit/s", "1Gbit/s", "10Gbit/s")
 MODEL, BATCH = "resnet18", 16
 BASE = ["--profile", "full", "--model", MODEL, "--data", "synthetic", "--image-size", "64", "--epochs", "1",
         "--loader-workers", "0", "--per-worker-batch", str(BATCH)]
-ALONE_STEPS = 30  # 10 warm-up and 20 measured steps of one worker alone, before each link's pairs
+ALONE_STEPS = 20  # 10 warm-up and 10 measured steps of one worker alone, before each link's pairs
 REGENERATE = "python -m guide_utils links measure --record src/guide_utils/results/recorded/links.jsonl"
 
 
 def steps_for(link: Link) -> int:
-    """Training steps per run: the meter leaves out 10 warm-up steps; then about 15 s of
-    measured steps (a 100 Mbit/s step takes about 4 s), at least 4."""
+    """Training steps per run: the meter leaves out 10 warm-up steps; then about 8 s of
+    measured steps on an idle machine (a 100 Mbit/s step takes about 4 s), 5 to 10."""
     from .model import PARAMETERS
 
     step_s = PARAMETERS[MODEL] * 4 / link.rate + 0.15
-    return 10 + max(4, min(40, int(15 / step_s)))
+    return 10 + max(5, min(10, int(8 / step_s)))
 
 
 def _flags(steps: int) -> list[str]:
@@ -70,7 +70,7 @@ def available() -> dict[str, str | None]:
     return {r: unavailable(r, 2) for r in RUNTIMES}
 
 
-def measure_link(cluster: Cluster, link: Link, runtimes: list[str], *, max_bytes: str = "64M",
+def measure_link(cluster: Cluster, link: Link, runtimes: list[str], *, max_bytes: str = "16M",
                  say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Everything measured on one link: its rate, the sweeps, the trainings."""
     cluster.shape(link)
@@ -81,7 +81,7 @@ def measure_link(cluster: Cluster, link: Link, runtimes: list[str], *, max_bytes
     rows = [{"kind": "link", "link": label, "configured_Bps": link.rate, "delay_s": link.delay,
              "measured_Bps": rate["rate_Bps"], "latency_s": rate["latency_s"], "load_avg_1min": os.getloadavg()[0]}]
     for runtime in runtimes:
-        sweep = comms_sweep(cluster, runtime, max_bytes)
+        sweep = comms_sweep(cluster, runtime, max_bytes, budget=max_bytes)
         rows += [{**r, "link": label} for r in sweep]
         say(f"  {runtime}: allreduce of {sweep[-1]['bytes'] >> 20} MiB at {sweep[-1]['busbw_GBps'] * 8e3:.0f} "
             "Mbit/s busbw")
@@ -101,7 +101,7 @@ def measure_link(cluster: Cluster, link: Link, runtimes: list[str], *, max_bytes
     return rows
 
 
-def measure(links: list[Link], *, runtimes: list[str] | None = None, max_bytes: str = "64M",
+def measure(links: list[Link], *, runtimes: list[str] | None = None, max_bytes: str = "16M",
             say: Callable[[str], None] = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The whole study: ``(provenance, rows)``."""
     from ..core.errors import GuideError
@@ -115,16 +115,16 @@ def measure(links: list[Link], *, runtimes: list[str] | None = None, max_bytes: 
     for r in runtimes:
         if reasons.get(r):
             raise GuideError(f"--runtime {r}: {reasons[r]}")
+    first = provenance(study="links", model=MODEL, per_worker_batch=BATCH, workers=2, runtimes=runtimes,
+                       skipped={r: reasons[r] for r in RUNTIMES if r not in runtimes},
+                       cores=len(os.sched_getaffinity(0)), regenerate=REGENERATE)
     loads = [os.getloadavg()[0]]
     rows: list[dict[str, Any]] = []
     with Cluster(2, links[0]) as cluster:
         for link in links:
             rows += measure_link(cluster, link, runtimes, max_bytes=max_bytes, say=say)
             loads.append(os.getloadavg()[0])
-        pinned = cluster.pinned
-    first = provenance(study="links", model=MODEL, per_worker_batch=BATCH, workers=2, runtimes=runtimes,
-                       skipped={r: reasons[r] for r in RUNTIMES if r not in runtimes},
-                       cores=len(os.sched_getaffinity(0)), pinned=pinned, regenerate=REGENERATE)
+        first["pinned"] = cluster.pinned
     first["load_avg_1min"] = [round(x, 2) for x in loads]
     return first, rows
 
