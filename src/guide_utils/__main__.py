@@ -22,6 +22,7 @@ On the cluster:
 Performance:
   comms         allreduce time, algbw and busbw over message sizes, and the gradient knobs
   plan          how many nodes and which batch: the data-parallel step model, before you submit
+  links         emulated hosts joined by links of a given rate (namespaces, tc): the model measured
 
 Every command takes --help, and --debug to show a traceback instead of a one-line error.
 """
@@ -54,6 +55,7 @@ COMMANDS = {  # name: (module, function), grouped as --help lists them
     # performance
     "comms": ("guide_utils.perf.comms", "main"),
     "plan": ("guide_utils.perf.planner", "main"),
+    "links": ("guide_utils.perf.links_cli", "main"),
 }
 
 
