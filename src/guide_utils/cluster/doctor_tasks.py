@@ -29,8 +29,8 @@ from typing import Any, Mapping
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..runtime import launchers
+from ..runtime.cpus import affinity
 from ..runtime.gpus import device_index, device_variable, usable_devices, visible_devices
-from ..runtime.launchers.base import affinity
 from ..runtime.slurm import SlurmJob, read_int
 from .doctor_gpus import allocated
 

@@ -6,6 +6,12 @@ from __future__ import annotations
 import os
 
 
+def affinity() -> list[int]:
+    """The CPUs this process may run on (its affinity; every CPU where it cannot be read)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux only
+    return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
+
+
 def default_loader_workers(local_ranks: int, device_type: str, *, cpus: int | None = None,
                            node_cpus: int | None = None) -> int:
     """``--loader-workers auto``: on a GPU, the CPUs this rank has less one for the rank's
@@ -25,7 +31,6 @@ def default_loader_workers(local_ranks: int, device_type: str, *, cpus: int | No
     if device_type != "cuda":
         return 4
     node_cpus = node_cpus or os.cpu_count() or 1
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else node_cpus
+    cpus = len(affinity()) if cpus is None else cpus
     share = cpus if cpus < node_cpus else cpus // max(1, local_ranks)
     return max(1, min(16, share - 1))

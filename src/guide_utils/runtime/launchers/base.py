@@ -15,16 +15,11 @@ from typing import ClassVar, Mapping
 
 from ...core.errors import GuideError
 from .. import rendezvous
+from ..cpus import affinity
 from ..gpus import device_index, usable_devices
 from ..slurm import SlurmJob, read_int
 
 BACKENDS = ("horovod", "ddp", "mwms")  # the --dist values that need a launcher
-
-
-def affinity() -> list[int]:
-    """The CPUs this process may run on (its affinity; every CPU where it cannot be read)."""
-    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux only
-    return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
 
 
 class Launcher:
