@@ -100,7 +100,7 @@ def time_to_accuracy(within: float = 1.0):
     """Every thesis run with a recorded wall time (experiments 5-9, all under the linear
     scaling rule; the 1-GPU baseline once),
     judged by the measure that matters: the hours to a target accuracy, here the baseline's
-    top-1 less ``within`` points. The thesis gives each run's accuracy after its 90 epochs and
+    top-1 less ``within`` points. The thesis gives each run's best accuracy over its 90 epochs (Tables 10-15) and
     the wall time of all of them, so ``hours_to_target`` is that wall time for a run that
     ended at or above the target (an upper bound: it may have got there earlier), and NaN
     for one that never did, however fast its images went by. One run per setting: a
