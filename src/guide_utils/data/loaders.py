@@ -184,6 +184,26 @@ def _image_folder(root: Path, image_size: int, uint8: bool = False) -> DataBundl
                       normalize=(IMAGENET_MEAN, IMAGENET_STD) if uint8 else None)
 
 
+def arrays(spec: str, *, mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None):
+    """The built-in real datasets as numpy arrays in channels-last layout, for frameworks
+    other than PyTorch (the TensorFlow door): ``(x_train, y_train, x_val, y_val)``.
+
+    Same samples and the same train/val split as ``build_data``: MNIST-1D as (N, 40, 1)
+    signals, digits as (N, 8, 8, 1) images scaled to 0..1.
+    """
+    if spec == "mnist1d":
+        if mnist1d_samples < 100:
+            raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
+        a = _mnist1d_arrays(mnist1d_samples, seed, cache_dir)
+        return (a["x"][..., None].astype(np.float32), a["y"].astype(np.int64),
+                a["x_test"][..., None].astype(np.float32), a["y_test"].astype(np.int64))
+    if spec == "digits":
+        b = _digits()
+        (xt, yt), (xv, yv) = b.train.tensors, b.val.tensors
+        return (xt.permute(0, 2, 3, 1).numpy(), yt.numpy(), xv.permute(0, 2, 3, 1).numpy(), yv.numpy())
+    raise GuideError(f"no array form of dataset {spec!r}; choose mnist1d or digits")
+
+
 def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, synthetic_size: int = 1024,
                mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None,
                input_dtype: str = "float32") -> DataBundle:
