@@ -150,6 +150,17 @@ def test_claims_are_the_orders_the_record_shows_firmly():
     assert not verify.check(verify.claims(table, n=3)[0], mine)[0]
 
 
+def test_on_par_is_judged_relative_to_the_better_median():
+    """A quarter point apart at 0.3 % error is a clear order (an absolute half-point gap
+    called it on par); five points apart at 20 % is within study.TOLERANCE, so on par."""
+    low = _runs({(4, "naive"): [0.55, 0.6, 0.5, 0.58, 0.52, 0.57, 0.54, 0.56, 0.59, 0.53],
+                 (4, "linear+warmup"): [0.3, 0.32, 0.28, 0.31, 0.29, 0.3, 0.33, 0.27, 0.3, 0.31]})
+    assert [(c.better, c.worse) for c in verify.claims(low, n=3)] == [("linear+warmup", "naive")]
+    high = _runs({(4, "naive"): [25, 26, 24, 25.5, 24.5, 25, 26, 24, 25, 25],
+                  (4, "linear+warmup"): [20, 21, 19, 20.5, 19.5, 20, 21, 19, 20, 20]})
+    assert verify.superiority([20, 21, 19], [25, 26, 24]) == 1.0 and verify.claims(high, n=3) == []
+
+
 def test_the_report_places_each_run_and_returns_the_verdict():
     recorded = _runs({(32, m): vs for m, vs in {"naive": [2.0, 2.1, 2.2, 2.3], "linear": [20, 30, 40, 50],
                                                  "linear+warmup": [1.6, 1.7, 1.8, 1.9]}.items()})

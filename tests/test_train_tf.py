@@ -99,6 +99,22 @@ def test_image_folder_samples_are_what_keras_loads(tmp_path):
         assert np.allclose(x, want, atol=1e-5) or np.allclose(x, want[:, ::-1], atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["synthetic", "synthetic-loader", "synthetic-resident"])
+def test_every_synthetic_mode_of_the_engine_is_the_tf_pool(mode):
+    """The benchmarks pass the engine's mode names (synthetic-loader by default); the TensorFlow
+    door reads each as its pool of random images, never as a dataset directory."""
+    import tensorflow as tf
+
+    from guide_utils.core.config import make_config
+    from guide_utils.tensorflow.data import build_tf_data
+    from guide_utils.tensorflow.runtime import TFDist
+
+    data = build_tf_data(make_config("smoke", data=mode, image_size=16, synthetic_size=64), TFDist("none"))
+    seeds = tf.constant([[0, 1]] * 2, dtype=tf.int64)
+    (x, y), _ = list(data.read(tf.data.Dataset.from_tensor_slices((data.positions[:2], seeds))))
+    assert data.train_size == 64 and tuple(x.shape) == (16, 16, 3) and 0 <= int(y) < 1000
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 # horovodrun --gloo: chapter 8 trains that way and asserts the same (one notebook run per session)

@@ -10,7 +10,8 @@ ranking of naive / linear / linear + warmup at each k, where the record shows a 
 
 * a *claim* is a pair of methods at one k whose recorded runs are ordered in at least
   ``CLEAR`` of all cross pairs (the probability of superiority), whose medians differ by at
-  least ``MIN_GAP`` points, and whose order the medians of n runs drawn from the record keep
+  least ``study.TOLERANCE`` of the better median (the same relative scale as the chapters'
+  "within tolerance": at a 1 % error, half a point), and whose order the medians of n runs drawn from the record keep
   at least ``CONFIDENCE`` of the time, n being the seeds retrained here; other pairs are
   reported as on par (or too uncertain for n seeds) and not checked;
 * a claim holds on this machine when the median of the retrained runs keeps the order.
@@ -38,7 +39,9 @@ from . import study, study_csv, sweep
 
 PROG = "python -m guide_utils verify"
 CLEAR = 0.9  # share of (a, b) run pairs in which a beat b, for "a is better than b"
-MIN_GAP = 0.5  # points between the medians, below which two methods are on par
+# Two methods are on par when their medians differ by less than study.TOLERANCE of the better
+# one: relative, because the problem's errors are near 1 %, where a fixed point gap would
+# mean something else at every k.
 # Chance, resampling the record, that the medians of the runs retrained keep a claimed order:
 # a machine that behaves like the recording fails a claim by chance less than once in fifty.
 CONFIDENCE = 0.98
@@ -85,9 +88,9 @@ def median_order_chance(a, b, n_a: int, n_b: int | None = None, draws: int = 400
 def claims(table, ks=None, n: int | dict = 3) -> list[Claim]:
     """The orders of methods the recorded sweep shows at each k firmly enough to be checked
     with ``n`` seeds per method (a number, or one per method): the better method wins at least
-    ``CLEAR`` of all recorded run pairs, the medians lie at least ``MIN_GAP`` points apart, and
-    resampling the record, the medians of that many runs keep the order at least
-    ``CONFIDENCE`` of the time (so a machine that behaves like the recording fails a claim by
+    ``CLEAR`` of all recorded run pairs, the medians lie at least ``study.TOLERANCE`` of the
+    better median apart, and resampling the record, the medians of that many runs keep the
+    order at least ``CONFIDENCE`` of the time (so a machine that behaves like the recording fails a claim by
     chance less than once in fifty)."""
     seeds = n if isinstance(n, dict) else {m: n for m in sweep.METHODS}
     out = []
@@ -102,7 +105,7 @@ def claims(table, ks=None, n: int | dict = 3) -> list[Claim]:
                 better, worse, p = (a, b, p) if p >= 0.5 else (b, a, 1 - p)
                 gap = _median(runs[worse]) - _median(runs[better])
                 power = median_order_chance(runs[better], runs[worse], seeds[better], seeds[worse])
-                if p >= CLEAR and gap >= MIN_GAP and power >= CONFIDENCE:
+                if p >= CLEAR and gap >= study.TOLERANCE * _median(runs[better]) and power >= CONFIDENCE:
                     out.append(Claim(int(k), better, worse, round(p, 3), round(gap, 2), round(power, 3)))
     return out
 

@@ -39,12 +39,13 @@ class TFData:
 def build_tf_data(cfg: TrainConfig, dist: TFDist) -> TFData:
     import tensorflow as tf
 
-    from ..data.loaders import arrays
+    from ..data.loaders import SYNTHETIC_MODES, arrays
 
     shard = dist.kind == "horovod"  # MWMS shards the batched dataset itself
-    if cfg.data == "synthetic":
+    if cfg.data in SYNTHETIC_MODES:
         # Like tf_cnn_benchmarks without --data_dir: a fixed pool of random images, so the
-        # input pipeline costs nothing and the number measures compute and communication.
+        # input pipeline costs nothing and the number measures compute and communication
+        # (every synthetic mode of the PyTorch engine is this one here).
         g = tf.random.Generator.from_seed(cfg.seed)
         pool = g.normal((64, cfg.image_size, cfg.image_size, 3))
         labels = g.uniform((64,), maxval=1000, dtype=tf.int64)
