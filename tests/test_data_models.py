@@ -50,6 +50,26 @@ def test_digits_are_real_8x8_images_with_a_fixed_split():
     assert sorted({int(a.train[i][1]) for i in range(len(a.train))}) == list(range(10))
 
 
+def test_digits_are_scikit_learns_without_importing_it():
+    """The arrays read from scikit-learn's shipped CSV equal load_digits'; a fresh process that
+    loads them imports no scikit-learn (about 3 CPU-seconds in every digits run)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from guide_utils.data.loaders import digits_arrays
+
+    images, target = digits_arrays()
+    d = load_digits()
+    assert np.array_equal(images, d.images) and np.array_equal(target, d.target)
+    probe = ("import sys; from guide_utils.data.loaders import build_data; build_data('digits'); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_image_folder_with_the_thesis_transforms(tmp_path):
     bundle = build_data(str(make_image_tree(tmp_path / "imgs")), image_size=32)
     assert bundle.num_classes == 2 and bundle.input_shape == (3, 32, 32)
