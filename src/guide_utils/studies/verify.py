@@ -10,8 +10,8 @@ ranking of naive / linear / linear + warmup at each k, where the record shows a 
 
 * a *claim* is a pair of methods at one k whose recorded runs are ordered in at least
   ``CLEAR`` of all cross pairs (the probability of superiority), whose medians differ by at
-  least ``study.TOLERANCE`` of the better median (the same relative scale as the chapters'
-  "within tolerance": at a 1 % error, half a point), and whose order the medians of n runs drawn from the record keep
+  least ``study.TOLERANCE`` of the better median (the chapters' relative scale: at a 1 %
+  error, half a point), and whose order the medians of n runs drawn from the record keep
   at least ``CONFIDENCE`` of the time, n being the seeds retrained here; other pairs are
   reported as on par (or too uncertain for n seeds) and not checked;
 * a claim holds on this machine when the median of the retrained runs keeps the order.
@@ -90,8 +90,8 @@ def claims(table, ks=None, n: int | dict = 3) -> list[Claim]:
     with ``n`` seeds per method (a number, or one per method): the better method wins at least
     ``CLEAR`` of all recorded run pairs, the medians lie at least ``study.TOLERANCE`` of the
     better median apart, and resampling the record, the medians of that many runs keep the
-    order at least ``CONFIDENCE`` of the time (so a machine that behaves like the recording fails a claim by
-    chance less than once in fifty)."""
+    order at least ``CONFIDENCE`` of the time (so a machine that behaves like the recording
+    fails a claim by chance less than once in fifty)."""
     seeds = n if isinstance(n, dict) else {m: n for m in sweep.METHODS}
     out = []
     for k in sorted(set(table["k"]) - {1} if ks is None else ks):
