@@ -1,10 +1,10 @@
 """Data order and per-sample seeding that make a mid-epoch resume exact."""
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from guide_utils.core.config import make_config
-from guide_utils.engine.sampling import ResumableSampler, SeededItems, ShardSampler
+from guide_utils.engine.sampling import ResumableSampler, SeededItems, ShardSampler, collate
 
 
 def test_shards_are_disjoint_and_reshuffled_per_epoch():
@@ -52,6 +52,27 @@ def test_seeded_items_depend_on_epoch_and_index_only():
     before = torch.get_rng_state()
     items[(0, 0)]
     assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG is left alone
+
+
+def test_tensors_in_memory_are_gathered_per_batch_into_the_per_item_batches():
+    """The engine's loaders gather a batch of in-memory tensors at once: the same values,
+    dtypes and order as per-item loading with torch's stacking, a short last batch included;
+    a dataset with random transforms keeps its per-item seeding."""
+    data = TensorDataset(torch.randn(50, 1, 8), torch.randint(0, 10, (50,)))
+    for sampler, drop_last in ((ResumableSampler(data, num_replicas=2, rank=1, seed=4), True),
+                               (ShardSampler(data, num_replicas=3, rank=0), False)):
+        batches = {}
+        for name, kw in (("gathered", {"collate_fn": collate}), ("per item", {})):
+            items = SeededItems(data, seed=4, seeded=False)
+            if name == "per item":
+                items.__getitems__ = None  # torch's DataLoader then fetches item by item
+            batches[name] = list(DataLoader(items, batch_size=7, sampler=sampler, drop_last=drop_last, **kw))
+        assert len(batches["gathered"]) == len(batches["per item"]) > 1
+        for (x, y), (x1, y1) in zip(batches["gathered"], batches["per item"]):
+            assert torch.equal(x, x1) and torch.equal(y, y1) and (x.dtype, y.dtype) == (x1.dtype, y1.dtype)
+        assert len(batches["gathered"][-1][1]) == (7 if drop_last else len(sampler) % 7)
+    noisy = SeededItems(_Noisy(), seed=1).__getitems__([(2, 5), (2, 6)])
+    assert isinstance(noisy, list) and torch.equal(noisy[0], SeededItems(_Noisy(), seed=1)[(2, 5)])
 
 
 def test_profiles_share_everything_they_do_not_override():

@@ -162,12 +162,16 @@ def test_a_rerun_resumes_from_the_checkpoint(tmp_path):
                                   "-m guide_utils.train, or drop it and pass --per-worker-batch 64"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
-    proc = subprocess.run([*TRAIN_TF, *args, "--results-dir", "r"], capture_output=True, text=True,
-                          timeout=TIMEOUT, env=child_env(**TF_QUIET), cwd=tmp_path)
+    # the process reports whether TensorFlow was loaded: a wrong flag must not wait for it
+    code = ("import sys\nfrom guide_utils import train_tf\ntry:\n    sys.exit(train_tf.main(sys.argv[1:]))\n"
+            "finally:\n    print('tensorflow loaded:', 'tensorflow' in sys.modules)")
+    proc = subprocess.run([PY, "-c", code, *TRAIN_TF[3:], *args, "--results-dir", "r"], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=child_env(**TF_QUIET), cwd=tmp_path)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and message in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+    assert "tensorflow loaded: False" in proc.stdout
 
 
 def _start(cwd: Path, argvs: list[list[str]], envs: list[dict[str, str]]) -> list[subprocess.Popen]:

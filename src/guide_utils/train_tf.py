@@ -49,13 +49,15 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter hides the one line that matters
     cfg = flags.config_from_argv(argv, build_parser())
+    from .tensorflow.engine import check_config, train_tf
+
+    check_config(cfg)  # a wrong flag fails before the seconds of importing TensorFlow
     if cfg.checkpoint_dir:
         signals.catch_early()  # a warning during the seconds of importing TensorFlow must not kill the run
 
     import tensorflow as tf
 
     from .engine import EXIT_REQUEUE
-    from .tensorflow.engine import train_tf
 
     tf.get_logger().setLevel("ERROR")  # e.g. "callback slower than the batch" on tiny CPU batches
     result = train_tf(cfg)

@@ -133,7 +133,7 @@ class Inputs:
         from torch.utils.data import DataLoader
 
         from ..runtime.cpus import default_loader_workers
-        from .sampling import ResumableSampler, SeededItems, ShardSampler
+        from .sampling import ResumableSampler, SeededItems, ShardSampler, collate
 
         cuda = dist.device.type == "cuda"
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
@@ -151,7 +151,7 @@ class Inputs:
             return
         self.workers = cfg.loader_workers if cfg.loader_workers != "auto" else \
             default_loader_workers(dist.local_size, dist.device.type)
-        kw: dict[str, Any] = {"num_workers": self.workers, "pin_memory": cuda}
+        kw: dict[str, Any] = {"num_workers": self.workers, "pin_memory": cuda, "collate_fn": collate}
         if self.workers > 0:
             kw.update(persistent_workers=True, prefetch_factor=4 if cuda else 2)
         # Only image folders carry random augmentation that needs per-sample seeding.

@@ -72,12 +72,9 @@ PYTORCH_ONLY = (("--amp", lambda c: c.amp != "none"), ("--channels-last", lambda
                  lambda c: c.fusion_threshold_mb is not None or c.cycle_time_ms is not None))
 
 
-def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
-    """Train as ``cfg`` says with Keras; returns the PyTorch engine's ``RunResult``.
-
-    ``callbacks`` are added after the guide's own (tests use one to read the learning rate
-    of every batch).
-    """
+def check_config(cfg: TrainConfig) -> None:
+    """What the TensorFlow door refuses, checked before TensorFlow loads (seconds on a CPU):
+    a wrong flag is one line at once."""
     cfg.validate()
     if cfg.accumulate_steps > 1:
         raise GuideError(f"--accumulate-steps is not implemented in the TensorFlow door; train with python -m "
@@ -89,6 +86,15 @@ def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
     check_model_name(cfg.model)  # before seconds of start-up and data generation
     if cfg.checkpoint_dir:
         ensure_writable(Path(cfg.checkpoint_dir))  # fail before any work is done
+
+
+def train_tf(cfg: TrainConfig, callbacks: list | None = None) -> RunResult:
+    """Train as ``cfg`` says with Keras; returns the PyTorch engine's ``RunResult``.
+
+    ``callbacks`` are added after the guide's own (tests use one to read the learning rate
+    of every batch).
+    """
+    check_config(cfg)
     import tensorflow as tf
 
     check_versions(tf.__version__, keras_version())
