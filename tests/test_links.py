@@ -18,6 +18,7 @@ import pytest
 
 from conftest import child_env
 from guide_utils.perf import links, links_launch, links_study
+from guide_utils.perf.model import PARAMETERS, Network, Workload, predict
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 root_only = pytest.mark.skipif(links.privileges() is not None, reason=f"needs root: {links.privileges()}")
@@ -76,7 +77,9 @@ def test_an_interrupted_or_killed_run_leaves_nothing_behind(how):
     try:  # a loaded machine can hold a dying process in the kernel for a while (one CI run: over 30 s)
         proc.wait(timeout=180)
     except subprocess.TimeoutExpired:
-        state = Path(f"/proc/{proc.pid}/stat").read_text().split()[2], Path(f"/proc/{proc.pid}/wchan").read_text()
+        proc_dir = Path(f"/proc/{proc.pid}")
+        state = ((proc_dir / "stat").read_text().split()[2], (proc_dir / "wchan").read_text()) \
+            if proc_dir.exists() else "it exited just now"
         raise AssertionError(f"links run still alive 180 s after signal {how!r}: state, wait channel {state}")
     if how == signal.SIGKILL:  # nobody removed them: the next run (or links clean) does
         assert set(mine) <= set(links.namespaces())
@@ -152,6 +155,12 @@ def test_the_recorded_study_says_where_and_when_and_holds_together():
     assert set(table["setup"]) >= {"ddp", "horovod-gloo", "horovod-mpi"}
     # the shaper never let more through than configured (5 % for the socket's own timing)
     assert (table["measured_Mbit"] <= 1.05 * table["configured_Mbit"]).all()
+    # the implied link is the one at which the model (no overlap, no latency) predicts the
+    # efficiency measured
+    for r in table.itertuples():
+        work = Workload(PARAMETERS[links_study.MODEL], links_study.BATCH, r.alone_images_per_second)
+        again = predict(work, Network(r.implied_Mbit / 8e-6, 0.0), first["workers"]).efficiency
+        assert again == pytest.approx(r.measured_eff, rel=1e-9), r
     for r in (r for r in rows if r["kind"] == "allreduce"):
         assert r["correct"] and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (r["workers"] - 1)
                                                                  / r["workers"], rel=1e-12)

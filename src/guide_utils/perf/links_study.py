@@ -138,7 +138,8 @@ def recorded(name: str = RECORDED) -> tuple[dict[str, Any], list[dict[str, Any]]
 
 def table(rows: list[dict[str, Any]]):
     """One row per link and framework: configured and measured link, measured efficiency and
-    the model's three predictions, with each prediction's ratio to the measurement."""
+    the model's three predictions, with each prediction's ratio to the measurement, and the
+    link rate the measured step implies (``implied_Mbit``)."""
     import pandas as pd
 
     from .model import PARAMETERS, Network, Workload, calibrate_network, predict
@@ -155,9 +156,15 @@ def table(rows: list[dict[str, Any]]):
                 "calibrated": calibrate_network(sweep, t["runtime"], size_bytes=work.gradient_bytes)}
         pred = {k: predict(work, net, t["workers"]) for k, net in nets.items()}
         measured = t["images_per_second"] / (t["workers"] * alone)
+        # The link that would cost what the pair added to the lone worker's step (no overlap,
+        # no latency): the rate the framework actually got while the workers also computed.
+        n = t["workers"]
+        added_s = n * BATCH / t["images_per_second"] - work.compute_s
+        implied = 2 * (n - 1) / n * work.gradient_bytes / added_s if added_s > 0 else float("inf")
         out.append({"link": t["link"], "setup": t["setup"], "alone_images_per_second": alone,
                     "configured_Mbit": link["configured_Bps"] * 8e-6,
                     "measured_Mbit": link["measured_Bps"] * 8e-6, "busbw_Mbit": nets["calibrated"].bandwidth * 8e-6,
+                    "implied_Mbit": implied * 8e-6,
                     "images_per_second": t["images_per_second"], "measured_eff": measured,
                     **{f"predicted_{k}": p.efficiency for k, p in pred.items()},
                     **{f"ratio_{k}": p.efficiency / measured for k, p in pred.items()}})
