@@ -13,16 +13,29 @@ cell as never run), so those outputs must be deterministic.
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
 import nbformat
+from papermill.translators import PythonTranslator
 
 CHECK = "# NBVAL_CHECK_OUTPUT"
 
 
 def is_checked(cell) -> bool:
     return cell.cell_type == "code" and cell.source.lstrip().startswith(CHECK)
+
+
+def unread_parameters(name: str, cell) -> list[str]:
+    """Names the parameters cell assigns that papermill cannot read: it parses each line with
+    a pattern (an '=' in a comment defeats it), and then passes ``-p NAME`` on as an
+    unknown parameter, so a batch job's override silently does nothing."""
+    assigned = [t.id for node in ast.parse(cell.source).body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
+    read = {p.name for p in PythonTranslator.inspect(cell)}
+    return [f"{name}: papermill cannot read the parameter {n!r} (an '=' in its comment?)"
+            for n in assigned if n not in read]
 
 
 def check(path: Path) -> list[str]:
@@ -37,6 +50,8 @@ def check(path: Path) -> list[str]:
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     if len(tagged) != 1:
         problems.append(f"{name}: needs exactly one cell tagged 'parameters' (has {len(tagged)})")
+    else:
+        problems += unread_parameters(name, tagged[0])
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue

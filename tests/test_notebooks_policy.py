@@ -39,3 +39,16 @@ def test_policy_catches_violations(tmp_path):
     assert any("title" in p for p in problems)
     assert any("parameters" in p for p in problems)
     assert any("stripped" in p for p in problems)
+
+
+def test_a_parameter_papermill_cannot_read_is_a_violation(tmp_path):
+    # papermill parses the parameters cell line by line; an '=' in a comment makes it skip the
+    # line, and a batch job's `-p run_verify False` then changes nothing
+    cell = nbformat.v4.new_code_cell("steps = 10  # read\nrun_verify = True  # the k = 32 points\n",
+                                     metadata={"tags": ["parameters"]})
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# T"), cell],
+                                  metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    path = tmp_path / "params.ipynb"
+    nbformat.write(nb, path)
+    assert policy.check(path) == ["params.ipynb: papermill cannot read the parameter 'run_verify' "
+                                  "(an '=' in its comment?)"]
