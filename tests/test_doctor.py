@@ -264,3 +264,65 @@ def test_doctor_rejects_a_wrong_flag():
     out = _doctor(args=["--loader-workers", "many"])
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "invalid int value: 'many'" in out.stderr
+
+
+# --- the probes are given up when stuck, not when slow -------------------------------------
+SLOW_BUT_WORKING = """
+import time
+end = time.monotonic() + 6
+while time.monotonic() < end:  # short bursts of work between pauses: a starved import
+    t = time.process_time() + 0.05
+    while time.process_time() < t:
+        pass
+    time.sleep(0.5)
+result = {"done": True}
+"""
+
+
+def test_a_probe_that_is_slow_but_working_is_waited_for():
+    from guide_utils.cluster.doctor_probes import run_probes
+
+    # every pause (0.5 s) is much shorter than the stall limit, the whole run (6 s) longer
+    assert run_probes({"slow": SLOW_BUT_WORKING}, stall_s=4, wall_limit_s=120, poll_s=0.2) == {
+        "slow": ({"done": True}, None)}
+
+
+def test_a_stuck_probe_a_spinning_one_and_a_crashed_one_are_each_named():
+    from guide_utils.cluster.doctor_probes import run_probes
+
+    probes = {"stuck": "import time; time.sleep(600)",
+              "spinning": "while True: pass",
+              "crashed": "import sys; sys.exit('ImportError: libcudart.so.13: cannot open shared object file')",
+              "fine": "result = {'ok': 1}"}
+    # a stall limit that a runnable process does not reach even on a machine with a load of 30
+    results = run_probes(probes, stall_s=10, cpu_limit_s=2, wall_limit_s=300, poll_s=0.2)
+    assert results == {
+        "stuck": (None, "importing stuck made no progress for 10 s (stuck in a GPU driver or a file system?)"),
+        "spinning": (None, "importing spinning used over 2 s of CPU time (spinning?)"),
+        "crashed": (None, "ImportError: libcudart.so.13: cannot open shared object file"),
+        "fine": ({"ok": 1}, None)}
+
+
+def test_a_probe_over_the_wall_limit_is_given_up():
+    from guide_utils.cluster.doctor_probes import run_probes
+
+    assert run_probes({"long": SLOW_BUT_WORKING}, stall_s=60, wall_limit_s=1, poll_s=0.2) == {
+        "long": (None, "importing long took over 1 s")}
+
+
+def test_horovod_is_probed_after_its_framework_and_a_crash_there_keeps_the_framework():
+    from guide_utils.cluster.doctor_probes import run_probes
+
+    pids = run_probes({"torch": "import os; result = os.getpid()", "tensorflow": "import os; result = os.getpid()",
+                       "horovod": "import os; result = os.getpid()"}, poll_s=0.2)
+    assert pids["torch"] == pids["horovod"] != pids["tensorflow"]  # Horovod's in PyTorch's interpreter
+    # torch's facts are printed before Horovod's stage aborts the process
+    crashed = run_probes({"torch": "import os; result = {'pid': os.getpid()}", "horovod": "import os; os.abort()",
+                          "tensorflow": "import os, no_such_module_xyz"}, poll_s=0.2)
+    assert crashed["torch"][1] is None and crashed["horovod"] == (None, "exit status -6")
+    assert crashed["tensorflow"] == (None, "ModuleNotFoundError: No module named 'no_such_module_xyz'")
+    # a stuck stage is named, the one before it kept
+    stuck = run_probes({"tensorflow": "result = 1", "horovod": "import time; time.sleep(600)"}, stall_s=10,
+                       poll_s=0.2)
+    assert stuck == {"tensorflow": (1, None), "horovod": (
+        None, "importing horovod made no progress for 10 s (stuck in a GPU driver or a file system?)")}

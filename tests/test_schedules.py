@@ -123,6 +123,23 @@ def test_torch_adapter_follows_lr_at_per_iteration():
     assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"]) == pytest.approx(lr_at(17 / 4, **kw))
 
 
+@pytest.mark.parametrize("kw", [dict(peak_lr=1.6, warmup="stepping", warmup_epochs=2, milestones=[3], gamma=0.5),
+                                dict(peak_lr=0.4, milestones=(1, 4))], ids=["stepping", "none"])
+def test_torch_adapter_checks_once_and_then_follows_lr_at(kw):
+    import torch
+
+    opt = torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.0)
+    sched = torch_scheduler(opt, steps_per_epoch=3, start_epoch=1, **kw)  # a run resumed at epoch 1
+    seen = []
+    for _ in range(3 * 5):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([lr_at(1 + i / 3, **kw) for i in range(15)], abs=1e-12)
+    with pytest.raises(ValueError, match="milestones"):
+        torch_scheduler(opt, steps_per_epoch=3, **{**kw, "milestones": (4, 2)})
+
+
 @pytest.mark.slow
 def test_keras_adapter_follows_lr_at_per_batch():
     import numpy as np

@@ -11,13 +11,19 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import textwrap
+import time
 from typing import Any, Mapping
 
 # Each framework is probed in its own interpreter: a broken extension can crash the process
-# that loads it, and the doctor must still report everything else.
+# that loads it, and the doctor must still report everything else. Horovod's probe runs after
+# the framework it binds to, in the same interpreter (it imports that framework anyway, as a
+# training does): one import fewer, and a crash in Horovod keeps the framework's facts, printed
+# first. Each probe leaves its facts in ``result``.
 PROBES = {
     "torch": """
-import json, torch, torchvision
+import torch, torchvision
 gpus, arch = [], []
 try:  # the GPU architectures this build has kernels for (empty on CPU-only builds)
     arch = torch.cuda.get_arch_list()
@@ -37,20 +43,20 @@ if torch.cuda.is_available():
         gpus.append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
                      "capability": "sm_%d%d" % torch.cuda.get_device_capability(i),
                      "gfx": getattr(p, "gcnArchName", None) if torch.version.hip else None})
-print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
-                  "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip, "arch_list": arch,
-                  "cuda_driver": driver, "gpus": gpus}))
+result = {"torch": torch.__version__, "torchvision": torchvision.__version__,
+          "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip, "arch_list": arch,
+          "cuda_driver": driver, "gpus": gpus}
 """,
     "tensorflow": """
-import json, os
+import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf, keras
-print(json.dumps({"tensorflow": tf.__version__, "keras": keras.__version__,
-                  "gpus": len(tf.config.list_physical_devices("GPU"))}))
+result = {"tensorflow": tf.__version__, "keras": keras.__version__,
+          "gpus": len(tf.config.list_physical_devices("GPU"))}
 """,
     # Horovod's build flags, and which frameworks' bindings load (FRAMEWORKS is filled in).
     "horovod": """
-import importlib, json, os
+import importlib, os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import horovod
 frameworks, hvd = {}, None
@@ -64,39 +70,143 @@ for name, module in FRAMEWORKS:
     # warning and leaves its operations out (so horovodrun --check-build still ticks it).
     frameworks[name] = hasattr(binding, "allreduce")
     hvd = binding if frameworks[name] else hvd
-print(json.dumps({
+result = {
     "horovod": horovod.__version__, "frameworks": frameworks,
     "controllers": {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())} if hvd else None,
     "operations": {"NCCL": bool(hvd.nccl_built()), "DDL": bool(hvd.ddl_built()),
                    "CCL": bool(hvd.ccl_built()), "MPI": bool(hvd.mpi_built()),
                    "Gloo": bool(hvd.gloo_built())} if hvd else None,
-}))
+}
 """,
 }
 HOROVOD_BINDINGS = {"pytorch": ("PyTorch", "horovod.torch"), "tensorflow": ("TensorFlow", "horovod.tensorflow")}
 
 
-def run_probes(probes: Mapping[str, str], timeout: float = 300) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
-    """Run each probe in its own interpreter, concurrently; ``name -> (result, error)``."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
-    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=env)
-             for name, code in probes.items()}
-    results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
-    for name, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            results[name] = (None, f"importing {name} took over {timeout:.0f} s")
-            continue
-        if proc.returncode != 0:
-            lines = [line for line in err.strip().splitlines() if line.strip()]
-            results[name] = (None, lines[-1] if lines else f"exit status {proc.returncode}")
+# A probe is given up when it is stuck, not when it is slow. Importing a framework takes
+# seconds on an idle node but minutes where a shared file system is cold or many jobs share
+# the CPUs (the tests' Slurm puts 8 jobs on each CPU): a wall-clock limit would call a working
+# stack broken there. Stuck is: no CPU time gained for STALL_S (blocked in a GPU driver or on
+# a file system that does not answer), more CPU time than any import needs (spinning), or
+# WALL_LIMIT_S in all.
+STALL_S = 120.0
+CPU_LIMIT_S = 300.0
+WALL_LIMIT_S = 1800.0
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return t.user + t.system
+
+
+def _watch(proc: subprocess.Popen, state: dict, now: float, *, stall_s: float,
+           cpu_limit_s: float, wall_limit_s: float) -> str | None:
+    """Why ``proc`` should be given up now (``{name}`` for the probe it was running), or
+    None; ``state`` keeps its last progress."""
+    cpu = _cpu_seconds(proc.pid)
+    if cpu is not None and cpu > state["cpu"]:
+        state["cpu"], state["progress"] = cpu, now
+    if state["cpu"] > cpu_limit_s:
+        return f"importing {{name}} used over {cpu_limit_s:.0f} s of CPU time (spinning?)"
+    if now - state["progress"] > stall_s:
+        return f"importing {{name}} made no progress for {stall_s:.0f} s (stuck in a GPU driver or a file system?)"
+    if now - state["start"] > wall_limit_s:
+        return f"importing {{name}} took over {wall_limit_s:.0f} s"
+    return None
+
+
+MARK = "guide-probe: "
+STAGE = """try:
+{code}
+    _out = {{"result": result}}
+except Exception as _e:
+    _out = {{"error": f"{{type(_e).__name__}}: {{_e}}"}}
+print({mark!r} + __import__("json").dumps(_out), flush=True)
+"""
+
+
+def _groups(names: list[str]) -> list[list[str]]:
+    """The probes by interpreter: Horovod's after PyTorch's, else after TensorFlow's."""
+    groups = [[n] for n in names if n != "horovod"]
+    if "horovod" in names:
+        host = next((g for g in groups if g[0] == "torch"), None) or next((g for g in groups if g[0] == "tensorflow"),
+                                                                         None)
+        if host is None:
+            groups.append(["horovod"])
         else:
-            results[name] = (json.loads(out.strip().splitlines()[-1]), None)
+            host.append("horovod")
+    return groups
+
+
+def _program(names: list[str], probes: Mapping[str, str]) -> str:
+    return "".join(STAGE.format(code=textwrap.indent(probes[n].strip("\n"), "    "), mark=MARK) for n in names)
+
+
+def _read(names: list[str], out: str, err: str, returncode: int | None, given_up: str | None,
+          ) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
+    """Each probe's facts or error from its interpreter's output: the stages that printed
+    theirs, then for the rest why the interpreter stopped (the last line of its errors)."""
+    done = [json.loads(line[len(MARK):]) for line in out.splitlines() if line.startswith(MARK)]
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    stopped = (given_up.format(name=names[len(done)]) if given_up and len(done) < len(names)
+               else lines[-1] if lines else f"exit status {returncode}")
+    results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
+    for i, name in enumerate(names):
+        if i < len(done):
+            results[name] = (done[i].get("result"), done[i].get("error"))
+        else:
+            results[name] = (None, stopped)
     return results
+
+
+def run_probes(probes: Mapping[str, str], *, stall_s: float = STALL_S, cpu_limit_s: float = CPU_LIMIT_S,
+               wall_limit_s: float = WALL_LIMIT_S, poll_s: float = 1.0,
+               ) -> dict[str, tuple[dict[str, Any] | None, str | None]]:
+    """Run the probes, each group in its own interpreter, concurrently; ``name -> (result, error)``."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    groups = {"+".join(g): g for g in _groups(list(probes))}
+    # Output to files, not pipes: a probe never blocks on a full pipe while another is watched.
+    files = {key: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for key in groups}
+    start = time.monotonic()
+    procs = {key: subprocess.Popen([sys.executable, "-u", "-c", _program(names, probes)], stdout=files[key][0],
+                                   stderr=files[key][1], text=True, env=env)
+             for key, names in groups.items()}
+    watch = {key: {"cpu": 0.0, "progress": start, "start": start} for key in procs}
+    given_up: dict[str, str] = {}
+    running = dict(procs)
+    while running:
+        try:  # back as soon as one ends, or after poll_s to look at them all
+            next(iter(running.values())).wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        for key, proc in list(running.items()):
+            if proc.poll() is not None:
+                del running[key]
+                continue
+            why = _watch(proc, watch[key], now, stall_s=stall_s, cpu_limit_s=cpu_limit_s,
+                         wall_limit_s=wall_limit_s)
+            if why:
+                proc.kill()
+                try:  # a process blocked in the kernel dies when it leaves the call: do not wait on it
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+                given_up[key] = why
+                del running[key]
+    results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
+    for key, proc in procs.items():
+        out_f, err_f = files[key]
+        out_f.seek(0)
+        err_f.seek(0)
+        results.update(_read(groups[key], out_f.read(), err_f.read(), proc.returncode, given_up.get(key)))
+        out_f.close()
+        err_f.close()
+    return {name: results[name] for name in probes}
 
 
 def mpi_version() -> str | None:

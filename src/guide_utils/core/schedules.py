@@ -20,6 +20,7 @@ then ``peak``, multiplied by ``gamma`` at each milestone (30, 60, 80).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Sequence
 
@@ -57,6 +58,12 @@ def lr_at(epoch: float, *, peak_lr: float, warmup: str = "none", warmup_epochs: 
     """The learning rate at (float) ``epoch``; see the module docstring."""
     milestones = tuple(milestones)
     _check(epoch, peak_lr, warmup, warmup_epochs, warmup_start_lr, milestones, gamma)
+    return _lr(epoch, peak_lr, warmup, warmup_epochs, warmup_start_lr, milestones, gamma)
+
+
+def _lr(epoch: float, peak_lr: float, warmup: str, warmup_epochs: int, warmup_start_lr: float | None,
+        milestones: tuple[int, ...], gamma: float) -> float:
+    """``lr_at`` for settings already checked: what a scheduler calls at every step."""
     if warmup == "stepping" and epoch < warmup_epochs:
         return peak_lr * (math.floor(epoch) + 1) / (warmup_epochs + 1)
     if warmup == "gradual" and epoch < warmup_epochs:
@@ -84,12 +91,16 @@ def torch_scheduler(optimizer, *, steps_per_epoch: int, start_epoch: int = 0, **
     if not (isinstance(steps_per_epoch, int) and steps_per_epoch > 0):
         raise ValueError(f"steps_per_epoch must be a positive integer, got {steps_per_epoch!r}")
     peak = schedule["peak_lr"]
-    lr_at(0.0, **schedule)  # validate now, not at the first step
+    lr_at(0.0, **schedule)  # validate now, once, not at every step
+    settings = inspect.signature(lr_at).bind(0.0, **schedule)
+    settings.apply_defaults()
+    _, *args = settings.arguments.values()  # every setting after epoch, in _lr's order
+    args[4] = tuple(args[4])  # milestones
     for group in optimizer.param_groups:
         group["lr"] = peak
         group["initial_lr"] = peak
     offset = start_epoch * steps_per_epoch
-    return LambdaLR(optimizer, lambda it: lr_at((it + offset) / steps_per_epoch, **schedule) / peak)
+    return LambdaLR(optimizer, lambda it: _lr((it + offset) / steps_per_epoch, *args) / peak)
 
 
 def keras_callback(*, steps_per_epoch: int, **schedule: Any):
