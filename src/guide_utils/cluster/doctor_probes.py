@@ -94,13 +94,20 @@ WALL_LIMIT_S = 1800.0
 
 
 def _cpu_seconds(pid: int) -> float | None:
-    import psutil
-
+    """CPU time of process ``pid`` so far (Linux's /proc, else psutil); None if unknown."""
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        import psutil
+
         t = psutil.Process(pid).cpu_times()
-    except psutil.Error:
+        return t.user + t.system
+    except Exception:  # no psutil, or the process is gone
         return None
-    return t.user + t.system
 
 
 def _watch(proc: subprocess.Popen, state: dict, now: float, *, stall_s: float,
@@ -108,7 +115,9 @@ def _watch(proc: subprocess.Popen, state: dict, now: float, *, stall_s: float,
     """Why ``proc`` should be given up now (``{name}`` for the probe it was running), or
     None; ``state`` keeps its last progress."""
     cpu = _cpu_seconds(proc.pid)
-    if cpu is not None and cpu > state["cpu"]:
+    if cpu is None:  # cannot tell stuck from slow here: only the wall limit applies
+        state["progress"] = now
+    elif cpu > state["cpu"]:
         state["cpu"], state["progress"] = cpu, now
     if state["cpu"] > cpu_limit_s:
         return f"importing {{name}} used over {cpu_limit_s:.0f} s of CPU time (spinning?)"
