@@ -125,9 +125,14 @@ def test_torch_adapter_follows_lr_at_per_iteration():
 
 @pytest.mark.parametrize("kw", [dict(peak_lr=1.6, warmup="stepping", warmup_epochs=2, milestones=[3], gamma=0.5),
                                 dict(peak_lr=0.4, milestones=(1, 4))], ids=["stepping", "none"])
-def test_torch_adapter_checks_once_and_then_follows_lr_at(kw):
+def test_torch_adapter_checks_once_and_then_follows_lr_at(kw, monkeypatch):
     import torch
 
+    from guide_utils.core import schedules
+
+    checks = []
+    check = schedules._check
+    monkeypatch.setattr(schedules, "_check", lambda *a: checks.append(a) or check(*a))
     opt = torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.0)
     sched = torch_scheduler(opt, steps_per_epoch=3, start_epoch=1, **kw)  # a run resumed at epoch 1
     seen = []
@@ -135,6 +140,7 @@ def test_torch_adapter_checks_once_and_then_follows_lr_at(kw):
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
+    assert len(checks) == 1  # the settings are checked when the scheduler is made, not at each step
     assert seen == pytest.approx([lr_at(1 + i / 3, **kw) for i in range(15)], abs=1e-12)
     with pytest.raises(ValueError, match="milestones"):
         torch_scheduler(opt, steps_per_epoch=3, **{**kw, "milestones": (4, 2)})
