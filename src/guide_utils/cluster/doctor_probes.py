@@ -5,6 +5,7 @@ between nodes (``doctor --network``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -112,19 +113,19 @@ def _cpu_seconds(pid: int) -> float | None:
 
 def _watch(proc: subprocess.Popen, state: dict, now: float, *, stall_s: float,
            cpu_limit_s: float, wall_limit_s: float) -> str | None:
-    """Why ``proc`` should be given up now (``{name}`` for the probe it was running), or
-    None; ``state`` keeps its last progress."""
+    """Why ``proc`` should be given up now, to follow "importing NAME", or None; ``state``
+    keeps its last progress."""
     cpu = _cpu_seconds(proc.pid)
     if cpu is None:  # cannot tell stuck from slow here: only the wall limit applies
         state["progress"] = now
     elif cpu > state["cpu"]:
         state["cpu"], state["progress"] = cpu, now
     if state["cpu"] > cpu_limit_s:
-        return f"importing {{name}} used over {cpu_limit_s:.0f} s of CPU time (spinning?)"
+        return f"used over {cpu_limit_s:.0f} s of CPU time (spinning?)"
     if now - state["progress"] > stall_s:
-        return f"importing {{name}} made no progress for {stall_s:.0f} s (stuck in a GPU driver or a file system?)"
+        return f"made no progress for {stall_s:.0f} s (stuck in a GPU driver or a file system?)"
     if now - state["start"] > wall_limit_s:
-        return f"importing {{name}} took over {wall_limit_s:.0f} s"
+        return f"took over {wall_limit_s:.0f} s"
     return None
 
 
@@ -142,8 +143,7 @@ def _groups(names: list[str]) -> list[list[str]]:
     """The probes by interpreter: Horovod's after PyTorch's, else after TensorFlow's."""
     groups = [[n] for n in names if n != "horovod"]
     if "horovod" in names:
-        host = next((g for g in groups if g[0] == "torch"), None) or next((g for g in groups if g[0] == "tensorflow"),
-                                                                         None)
+        host = next((g for first in ("torch", "tensorflow") for g in groups if g[0] == first), None)
         if host is None:
             groups.append(["horovod"])
         else:
@@ -161,7 +161,7 @@ def _read(names: list[str], out: str, err: str, returncode: int | None, given_up
     theirs, then for the rest why the interpreter stopped (the last line of its errors)."""
     done = [json.loads(line[len(MARK):]) for line in out.splitlines() if line.startswith(MARK)]
     lines = [line for line in err.strip().splitlines() if line.strip()]
-    stopped = (given_up.format(name=names[len(done)]) if given_up and len(done) < len(names)
+    stopped = (f"importing {names[len(done)]} {given_up}" if given_up and len(done) < len(names)
                else lines[-1] if lines else f"exit status {returncode}")
     results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
     for i, name in enumerate(names):
@@ -178,12 +178,33 @@ def run_probes(probes: Mapping[str, str], *, stall_s: float = STALL_S, cpu_limit
     """Run the probes, each group in its own interpreter, concurrently; ``name -> (result, error)``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
     groups = {"+".join(g): g for g in _groups(list(probes))}
-    # Output to files, not pipes: a probe never blocks on a full pipe while another is watched.
-    files = {key: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for key in groups}
+    with contextlib.ExitStack() as stack:
+        # Output to files, not pipes: a probe never blocks on a full pipe while another is watched.
+        files = {key: (stack.enter_context(tempfile.TemporaryFile("w+")),
+                       stack.enter_context(tempfile.TemporaryFile("w+"))) for key in groups}
+        procs = {key: subprocess.Popen([sys.executable, "-c", _program(names, probes)], stdout=files[key][0],
+                                       stderr=files[key][1], text=True, env=env)
+                 for key, names in groups.items()}
+        try:
+            given_up = _wait(procs, stall_s=stall_s, cpu_limit_s=cpu_limit_s, wall_limit_s=wall_limit_s,
+                             poll_s=poll_s)
+        finally:  # Ctrl-C or an error here: no probe is left running
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+        results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
+        for key, proc in procs.items():
+            out_f, err_f = files[key]
+            out_f.seek(0)
+            err_f.seek(0)
+            results.update(_read(groups[key], out_f.read(), err_f.read(), proc.returncode, given_up.get(key)))
+    return {name: results[name] for name in probes}
+
+
+def _wait(procs: Mapping[str, subprocess.Popen], *, stall_s: float, cpu_limit_s: float, wall_limit_s: float,
+          poll_s: float) -> dict[str, str]:
+    """Wait for every process; kill the stuck ones. Why each killed one was given up."""
     start = time.monotonic()
-    procs = {key: subprocess.Popen([sys.executable, "-u", "-c", _program(names, probes)], stdout=files[key][0],
-                                   stderr=files[key][1], text=True, env=env)
-             for key, names in groups.items()}
     watch = {key: {"cpu": 0.0, "progress": start, "start": start} for key in procs}
     given_up: dict[str, str] = {}
     running = dict(procs)
@@ -207,15 +228,7 @@ def run_probes(probes: Mapping[str, str], *, stall_s: float = STALL_S, cpu_limit
                     pass
                 given_up[key] = why
                 del running[key]
-    results: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
-    for key, proc in procs.items():
-        out_f, err_f = files[key]
-        out_f.seek(0)
-        err_f.seek(0)
-        results.update(_read(groups[key], out_f.read(), err_f.read(), proc.returncode, given_up.get(key)))
-        out_f.close()
-        err_f.close()
-    return {name: results[name] for name in probes}
+    return given_up
 
 
 def mpi_version() -> str | None:

@@ -92,15 +92,15 @@ def torch_scheduler(optimizer, *, steps_per_epoch: int, start_epoch: int = 0, **
         raise ValueError(f"steps_per_epoch must be a positive integer, got {steps_per_epoch!r}")
     peak = schedule["peak_lr"]
     lr_at(0.0, **schedule)  # validate now, once, not at every step
-    settings = inspect.signature(lr_at).bind(0.0, **schedule)
-    settings.apply_defaults()
-    _, *args = settings.arguments.values()  # every setting after epoch, in _lr's order
-    args[4] = tuple(args[4])  # milestones
+    bound = inspect.signature(lr_at).bind(0.0, **schedule)  # lr_at's defaults, written once there
+    bound.apply_defaults()
+    settings = {**bound.arguments, "milestones": tuple(bound.arguments["milestones"])}
+    del settings["epoch"]
     for group in optimizer.param_groups:
         group["lr"] = peak
         group["initial_lr"] = peak
     offset = start_epoch * steps_per_epoch
-    return LambdaLR(optimizer, lambda it: _lr((it + offset) / steps_per_epoch, *args) / peak)
+    return LambdaLR(optimizer, lambda it: _lr((it + offset) / steps_per_epoch, **settings) / peak)
 
 
 def keras_callback(*, steps_per_epoch: int, **schedule: Any):
