@@ -6,7 +6,9 @@ metrics' kernels, the learning-rate schedule, the throughput meter, the stop che
 that work is what the device cannot hide when the host falls behind it.
 
 Both loops train on one batch resident on the device (``--data synthetic-resident``), in this
-one process, alternately (--repeats rounds, medians).
+one process, alternately (--repeats rounds). What the engine adds is the median of each
+round's difference (its two runs back to back, so a machine whose speed drifts between rounds
+shifts both alike); each loop's median is printed beside it.
 
     python benchmarks/step_overhead.py                      # CPU, about a minute, one thread
     python benchmarks/step_overhead.py --data synthetic     # the loader-fed path instead
@@ -69,10 +71,10 @@ def main(argv=None) -> int:
         engine.append(1e6 * args.per_worker_batch / engine_rate(args))
         hand.append(1e6 * args.per_worker_batch / hand_loop.rate(args, resident=resident))
     e, h = statistics.median(engine), statistics.median(hand)
-    extra = e - h
+    extra = statistics.median(a - b for a, b in zip(engine, hand))
     print(f"engine {e:8.1f} us/step   hand-written loop {h:8.1f} us/step   engine adds {extra:7.1f} us/step "
           f"(budget {args.budget_us:g} us: {'met' if extra <= args.budget_us else 'NOT met'}; "
-          f"median of {args.repeats}; "
+          f"median of {args.repeats} paired rounds; "
           f"{synthetic_mode(args)}, {args.model}, batch {args.per_worker_batch}, image {args.image_size}, "
           f"device {hand_loop.device()})")
     alone, wrapped = per_item_us()

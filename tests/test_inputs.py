@@ -76,8 +76,9 @@ class _Ops(TorchDispatchMode):
 
 def test_the_step_makes_no_tensor_from_host_numbers():
     # aten.lift_fresh is a tensor made from host data: on a GPU a blocking copy that makes the
-    # host wait for every queued kernel (the old Sums.add did it every step).
-    sums = Sums(torch.device("cpu"))
+    # host wait for every queued kernel (the old Sums.add did it every step). hold=1: the hits
+    # are counted in this very add, so the recorder sees all of its work.
+    sums = Sums(torch.device("cpu"), hold=1)
     feed = DeviceFeed(torch.device("cpu"), normalize=([0.5] * 3, [0.25] * 3))
     images, target = torch.randint(0, 256, (8, 3, 4, 4), dtype=torch.uint8), torch.randint(0, 10, (8,))
     loss, output = torch.tensor(2.0), torch.randn(8, 10)
@@ -175,12 +176,13 @@ def _old_sums(batches):
     return t.tolist()
 
 
-@pytest.mark.parametrize("classes", [3, 10])
-def test_the_metric_sums_are_the_old_ones_with_fewer_kernels(classes):
+@pytest.mark.parametrize("classes, hold", [(3, 1), (10, 1), (10, 4), (10, 16)])
+def test_the_metric_sums_are_the_old_ones_with_fewer_kernels(classes, hold):
     g = torch.Generator().manual_seed(classes)
-    batches = [(torch.rand((), generator=g) * 5, torch.randn(8, classes, generator=g),
-                torch.randint(0, classes, (8,), generator=g)) for _ in range(6)]
-    sums, first, resumed = (Sums(torch.device("cpu")) for _ in range(3))
+    sizes = [8, 8, 8, 8, 8, 5]  # the last batch smaller, as a validation shard's can be
+    batches = [(torch.rand((), generator=g) * 5, torch.randn(b, classes, generator=g),
+                torch.randint(0, classes, (b,), generator=g)) for b in sizes]
+    sums, first, resumed = (Sums(torch.device("cpu"), hold=hold) for _ in range(3))
     for b in batches:
         sums.add(*b)
     for b in batches[:3]:
@@ -192,4 +194,37 @@ def test_the_metric_sums_are_the_old_ones_with_fewer_kernels(classes):
     with _Ops() as seen:
         sums.add(*batches[0])
     kernels = [op for op in seen.ops if op.split(".")[1] not in ("detach", "unsqueeze", "alias", "slice")]
-    assert len(kernels) <= 5, kernels  # 12 before (two any/sum pairs, three casts, a stack), then 7
+    if hold == 1:  # counted at once: 12 before (two any/sum pairs, three casts, a stack), then 7, now 5
+        assert len(kernels) <= 5, kernels
+    else:  # only the loss is added; the hits wait for the other steps
+        assert kernels == ["aten.add_.Tensor"], kernels
+
+
+def test_the_metrics_count_kept_steps_in_one_go_and_bound_what_they_keep(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    step = [(torch.rand((), generator=g), torch.randn(4, 10, generator=g), torch.randint(0, 10, (4,), generator=g))
+            for _ in range(7)]
+    sums = Sums(torch.device("cpu"), hold=3)
+    with _Ops() as seen:
+        for b in step:
+            sums.add(*b)
+    assert seen.ops.count("aten.topk.default") == 2 and len(sums._held) == 1  # after steps 3 and 6
+    monkeypatch.setattr(Sums, "HOLD_BYTES", 2 * 4 * 10 * 4)  # two steps' outputs, float32
+    small = Sums(torch.device("cpu"), hold=100)
+    with _Ops() as seen:
+        for b in step:
+            small.add(*b)
+    assert seen.ops.count("aten.topk.default") == 3  # the byte bound, not hold, counted them
+    assert small.totals(CPU) == sums.totals(CPU) == _old_sums(step)
+
+
+def test_cuda_graph_modes_count_each_step_at_once():
+    # A CUDA graph's output is overwritten at its next replay: the loop must not keep it. The
+    # modes that make graphs are read from torch.compile's own options, not from a list here.
+    import torch._inductor
+
+    from guide_utils.core.config import COMPILE_MODES
+    from guide_utils.engine.loop import GRAPHED_MODES
+
+    graphed = {m for m in COMPILE_MODES if m and torch._inductor.list_mode_options(m).get("triton.cudagraphs")}
+    assert graphed == set(GRAPHED_MODES)

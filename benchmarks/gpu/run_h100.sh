@@ -1,8 +1,8 @@
 #!/bin/bash
 # How to run: from the repository root on one GPU (an H100 for the issue-39 targets), with $OUT
 # an empty directory that comes back:  OUT=/some/dir bash benchmarks/gpu/run_h100.sh
-# It needs Python with torch, torchvision, numpy, pandas and tqdm (no Horovod, no TensorFlow,
-# no python-hostlist: none of the code it runs imports them), sets PYTHONPATH=src and
+# It needs Python with torch, torchvision, numpy, pandas, tqdm and python-hostlist (the
+# runtime layer reads Slurm's host lists; no Horovod, no TensorFlow), sets PYTHONPATH=src and
 # GUIDE_ROOT itself, and finishes within about 7 minutes: every command has its own `timeout`,
 # cut further to what is left of the script's budget (GUIDE_GPU_CHECK_BUDGET seconds, 410), and
 # a command that would get under 20 s is skipped and said so. It writes at most 4 files to $OUT:
@@ -43,7 +43,7 @@ if [ "$SMOKE" = 1 ]; then   # the same commands, tiny: a check of the script, no
   REPEATS=1
 else
   NET="--model resnet50 --image-size 224 --per-worker-batch 128 --loader-workers auto"
-  LONG="--steps 60 --warmup 15"; SHORT="--steps 40 --warmup 10"; OVERHEAD="--steps 400 --warmup 50 --repeats 2"
+  LONG="--steps 60 --warmup 15"; SHORT="--steps 40 --warmup 10"; OVERHEAD="--steps 2000 --warmup 200 --repeats 5"
   WALK="--model resnet18 --image-size 224 --per-worker-batch 128 --steps 30"
   REPEATS=2
 fi
@@ -64,6 +64,14 @@ step() {
   echo "$name: rc=$rc in $((SECONDS - t0)) s"
 }
 
+# what every command below imports, checked once: one line naming what is missing
+missing=$($PY -c "import importlib.util as u; print(' '.join(m for m in ('torch', 'torchvision', 'numpy', 'pandas',
+'tqdm', 'hostlist') if u.find_spec(m) is None))" 2>&1) || missing="python ($PY does not start)"
+if [ -n "$missing" ]; then
+  echo "run_h100.sh: missing: $missing (install them, e.g. pip install python-hostlist, or put them on PYTHONPATH)" >&2
+  exit 2
+fi
+
 { echo "date: $(date -u +%FT%TZ)"; echo "smoke: $SMOKE"; echo "commit: $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
   $PY -c "import os, torch, torchvision; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'torchvision',
@@ -78,7 +86,7 @@ step A-bf16-loader-uint8 150 $PY $T $NET $LONG --amp bf16 --channels-last --repe
 step B-bf16-resident 90 $PY $T $NET $LONG --amp bf16 --channels-last --repeats $REPEATS \
   --data synthetic-resident --records "$REC/B"
 step C-fp32-loader-uint8 120 $PY $T $NET $SHORT --repeats $REPEATS --resident-reference --records "$REC/C"
-step D-step-overhead 60 $PY benchmarks/step_overhead.py $OVERHEAD
+step D-step-overhead 90 $PY benchmarks/step_overhead.py $OVERHEAD
 step E-bf16-loader-float32 60 $PY $T $NET $SHORT --amp bf16 --channels-last --repeats 1 --input-dtype float32 \
   --records "$REC/E"
 step F-stepwise-walk 200 $PY benchmarks/stepwise_tuning.py --walk device --repeats 1 $WALK \

@@ -28,7 +28,7 @@ from ..core.config import TrainConfig
 from ..core.errors import GuideError
 from . import checkpoint, distributed, state as run_state
 from .bookkeeping import RunBook, environment, weights_digest
-from .metrics import Sums, evaluate
+from .metrics import HOLD_STEPS, Sums, evaluate
 from .plan import RunPlan
 from .signals import StopFlag
 
@@ -39,6 +39,9 @@ EXIT_REQUEUE = 75
 # tiny allreduce of a CPU tensor (Gloo; it never waits for the GPU), too cheap to matter every
 # ten iterations, and a signal is acted on within seconds. A run alone only reads its flag.
 STOP_CHECK_EVERY = 10
+# torch.compile modes that replay the model as a CUDA graph: its output is overwritten at the
+# next replay, so the metrics count each step's output at once instead of keeping it.
+GRAPHED_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass
@@ -147,7 +150,7 @@ def _train_steps(cfg, plan, st, loaders, dist, epoch: int, first_step: int, stop
 
     loaders.sampler.set_epoch(epoch)
     loaders.sampler.set_start(first_step * plan.samples_per_step)
-    sums = Sums(dist.device)
+    sums = Sums(dist.device, hold=1 if cfg.compile_mode in GRAPHED_MODES else HOLD_STEPS)
     if st.partial is not None and epoch == st.start_epoch and dist.is_root:
         sums.restore(st.partial)
     meter = ThroughputMeter(plan.samples_per_step, workers=plan.workers, warmup_iters=cfg.throughput_warmup_iters)
@@ -207,7 +210,7 @@ def _step(st, criterion, micro_batches, n: int, sums: Sums) -> None:
                 loss = criterion(output, target)
             scaled = loss / n if n > 1 else loss
             (st.scaler.scale(scaled) if st.scaler is not None else scaled).backward()
-        sums.add(loss.float(), output.float(), target)
+        sums.add(loss, output, target)
     if st.scaler is not None:
         st.scaler.step(st.optimizer)
         st.scaler.update()
