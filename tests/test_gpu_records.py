@@ -48,12 +48,44 @@ def test_a_gpu_check_becomes_a_record(tmp_path):
     assert rows[0] == {"kind": "benchmark", **line} and len(rows) == 2
     t = gpu_records.after_table(rows)
     assert t.loc[0, ["engine", "hand", "resident"]].tolist() == [3550.0, 3625.0, 3700.0] and len(t) == 1
+    # the GPU machine's copy of the tree may carry an older .git: the commit named is kept, and
+    # what that git said beside it; a matching short or long hash is left as written
+    (out / "env.txt").write_text("date: 2026-11-27T06:00:00Z\nsmoke: 0\ncommit: 91cd9b4c90c3\n")
+    first = json.loads((gpu_records.record_check(out, tmp_path / "a2.jsonl", commit="5e5e3ae")).read_text()
+                       .splitlines()[0])
+    assert first["env"][2] == "commit: 5e5e3ae (the working tree sent; the copy's own .git named 91cd9b4c90c3)"
+    first = json.loads((gpu_records.record_check(out, tmp_path / "a3.jsonl", commit="91cd9b4")).read_text()
+                       .splitlines()[0])
+    assert first["env"][2] == "commit: 91cd9b4c90c3"
     (out / "env.txt").write_text("date: 2026-11-27T06:00:00Z\nsmoke: 1\n")
     with pytest.raises(ValueError, match="smoke run"):
         gpu_records.record_check(out, tmp_path / "smoke.jsonl", commit="abc1234")
     (out / "results.jsonl").write_text("")
     with pytest.raises(ValueError, match="no benchmark results"):
         gpu_records.record_check(out, tmp_path / "empty.jsonl", commit="abc1234")
+
+
+def test_the_checks_of_the_changed_engine_in_the_order_measured():
+    checks = gpu_records.afters()
+    assert [meta["commit"][:7] for meta, _ in checks][:2] == ["0c1c465", "5e5e3ae"]
+    assert gpu_records.after() == checks[-1]
+    assert gpu_records.next_after_name() == f"gpu_h100_after_{len(checks) + 1}.jsonl"
+    for meta, rows in checks:  # every check has the rows the chapters read
+        steps = {r.get("step") for r in rows}
+        assert {"A-bf16-loader-uint8", "C-fp32-loader-uint8", "D-step-overhead"} <= steps, meta["commit"]
+
+
+def test_the_step_probe_record_before_and_after_the_metrics_change():
+    probe = gpu_records.step_probe()
+    assert set(probe) == {"before", "after"}
+    before, after = probe["before"], probe["after"]
+    # before: the engine launched 7 kernels per step more than the hand loop, top-k's occupancy
+    # queries among its runtime calls; after: the loss add, and the hits of 16 steps at a time
+    assert before["calls"]["engine"]["[kernels]"] - before["calls"]["hand"]["[kernels]"] == 7
+    assert before["calls"]["engine"]["cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"] == 8
+    extra = after["calls"]["engine"]["[kernels]"] - after["calls"]["hand"]["[kernels]"]
+    assert 1 < extra < 2  # the loss's add every step, the hits' few kernels every 16th
+    assert before["us"]["engine"] - before["us"]["no-metrics"] == pytest.approx(329.8)
 
 
 def test_a_run_outside_slurm_needs_no_python_hostlist(monkeypatch):
@@ -69,3 +101,23 @@ def test_a_run_outside_slurm_needs_no_python_hostlist(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     with pytest.raises(ImportError):
         environment("none", 1)
+
+
+def test_the_engine_and_its_command_import_without_python_hostlist():
+    # What the lent GPU ran into (2026-11-27): the engine imports the launchers, they the
+    # Slurm module; only reading a job may need the node-list parser. A fresh interpreter,
+    # so every module is imported anew with `import hostlist` failing.
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['hostlist'] = None\n"
+            "import guide_utils.engine, guide_utils.train, guide_utils.runtime.launchers\n"
+            "from guide_utils.runtime.slurm import SlurmJob\n"
+            "from guide_utils.engine.distributed import init\n"
+            "assert SlurmJob.from_env({}) is None and init('none').size == 1\n"
+            "try:\n    SlurmJob.from_env({'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n[1-2]'})\n"
+            "except ImportError:\n    print('job needs hostlist')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "job needs hostlist", done.stderr[-2000:]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Record what ``benchmarks/gpu/run_h100.sh`` measured: its ``OUT`` directory (env.txt,
-results.jsonl) becomes ``src/guide_utils/results/recorded/gpu_h100_after.jsonl``, which
-chapters 1 and 12 read (guide_utils.perf.gpu_records.after).
+results.jsonl) becomes the next free ``src/guide_utils/results/recorded/gpu_h100_after*.jsonl``
+(``gpu_h100_after.jsonl``, then ``gpu_h100_after_2.jsonl``, ...), which chapters 1 and 12 read
+(guide_utils.perf.gpu_records.afters).
 
     python benchmarks/gpu/record_h100.py OUT --commit abc1234 [--dest FILE]
 
@@ -23,7 +24,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="the directory run_h100.sh wrote (its $OUT)")
     p.add_argument("--commit", required=True, help="the commit that ran on the GPU")
-    p.add_argument("--dest", default=str(packaged("results", "recorded", gpu_records.AFTER)))
+    p.add_argument("--dest", default=str(packaged("results", "recorded", gpu_records.next_after_name())))
     p.add_argument("--replace", action="store_true", help="replace an existing record")
     args = p.parse_args(argv)
     if Path(args.dest).exists() and not args.replace:

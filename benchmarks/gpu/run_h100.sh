@@ -1,8 +1,8 @@
 #!/bin/bash
 # How to run: from the repository root on one GPU (an H100 for the issue-39 targets), with $OUT
 # an empty directory that comes back:  OUT=/some/dir bash benchmarks/gpu/run_h100.sh
-# It needs Python with torch, torchvision, numpy, pandas, tqdm and python-hostlist (the
-# runtime layer reads Slurm's host lists; no Horovod, no TensorFlow), sets PYTHONPATH=src and
+# It needs Python with torch, torchvision, numpy, pandas and tqdm (no Horovod, no TensorFlow,
+# no python-hostlist: outside a Slurm job nothing it runs imports them), sets PYTHONPATH=src and
 # GUIDE_ROOT itself, and finishes within about 7 minutes: every command has its own `timeout`,
 # cut further to what is left of the script's budget (GUIDE_GPU_CHECK_BUDGET seconds, 410), and
 # a command that would get under 20 s is skipped and said so. It writes at most 4 files to $OUT:
@@ -66,9 +66,9 @@ step() {
 
 # what every command below imports, checked once: one line naming what is missing
 missing=$($PY -c "import importlib.util as u; print(' '.join(m for m in ('torch', 'torchvision', 'numpy', 'pandas',
-'tqdm', 'hostlist') if u.find_spec(m) is None))" 2>&1) || missing="python ($PY does not start)"
+'tqdm') if u.find_spec(m) is None))" 2>&1) || missing="python ($PY does not start)"
 if [ -n "$missing" ]; then
-  echo "run_h100.sh: missing: $missing (install them, e.g. pip install python-hostlist, or put them on PYTHONPATH)" >&2
+  echo "run_h100.sh: missing: $missing (install them, or put them on PYTHONPATH)" >&2
   exit 2
 fi
 

@@ -3,10 +3,10 @@
 * :data:`BEFORE` (``gpu_h100_2026-11-27.jsonl``): the engine at commit 22a266a, measured on
   2026-11-27 on one H100 80GB HBM3 (16 CPU cores) on a lent machine, before issue 39's changes.
   Each figure quotes the line of that session's log it was copied from.
-* :data:`AFTER` (``gpu_h100_after.jsonl``, present once measured): the changed engine, what
-  ``benchmarks/gpu/run_h100.sh`` prints, turned into a record by
-  ``python benchmarks/gpu/record_h100.py OUT``. Chapters 1 and 12 show it when the file is
-  there and say that it is not measured yet when it is not.
+* the checks of the changed engine (``gpu_h100_after.jsonl``, then ``gpu_h100_after_2.jsonl``
+  and so on, one per session that had a GPU): what ``benchmarks/gpu/run_h100.sh`` prints,
+  turned into a record by ``python benchmarks/gpu/record_h100.py OUT``, which takes the next
+  free name. :func:`afters` reads them all in the order measured, :func:`after` the latest.
 
 >>> meta, figures = before()
 >>> meta["commit"], figures.loc["resident_bf16_cl_b128", "images_per_second"]
@@ -23,8 +23,9 @@ from typing import Any
 from ..core.paths import packaged
 
 BEFORE = "gpu_h100_2026-11-27.jsonl"
-AFTER = "gpu_h100_after.jsonl"
+AFTER = "gpu_h100_after.jsonl"  # the first check; later ones are gpu_h100_after_2.jsonl, ...
 COMPILE_RUN = "gpu_h100_2026-11-27_resnet50_compile_run.jsonl"
+STEP_PROBE = "gpu_h100_2026-11-27_step_probe.txt"  # benchmarks/gpu/step_probe.py, before and after
 
 
 def _lines(name: str) -> list[dict[str, Any]] | None:
@@ -60,10 +61,54 @@ def compile_run():
     return read_run(packaged("results", "recorded", COMPILE_RUN))
 
 
+def step_probe() -> dict[str, dict[str, Any]]:
+    """The recorded ``benchmarks/gpu/step_probe.py`` output, by section (``before``,
+    ``after``): ``us`` (median microseconds per step of each loop and variant) and ``calls``
+    (per step, of ``hand`` and ``engine``: ATen ops, kernels, CUDA runtime calls)."""
+    import ast
+
+    text = packaged("results", "recorded", STEP_PROBE).read_text(encoding="utf-8")
+    out: dict[str, dict[str, Any]] = {}
+    for part in text.split("\n## ")[1:]:
+        name, _, body = part.partition(":")
+        section: dict[str, Any] = {"calls": {}}
+        for line in body.splitlines():
+            if line.startswith("median us/step "):
+                section["us"] = ast.literal_eval(line.removeprefix("median us/step "))
+            elif line.startswith("per step "):
+                loop, _, counts = line.removeprefix("per step ").partition(" ")
+                section["calls"][loop] = ast.literal_eval(counts)
+        if "us" not in section or set(section["calls"]) != {"hand", "engine"}:
+            raise ValueError(f"{STEP_PROBE}: section {name!r} lacks its timings or its per-step calls")
+        out[name.strip()] = section
+    return out
+
+
+def _after_names() -> list[str]:
+    folder = packaged("results", "recorded")
+    return [p.name for p in folder.glob("gpu_h100_after*.jsonl")]
+
+
+def afters() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """``(provenance, rows)`` of every recorded check of the changed engine, oldest first."""
+    checks = [(lines[0], lines[1:]) for lines in map(_lines, _after_names())]
+    return sorted(checks, key=lambda check: check[0]["date"])
+
+
 def after():
-    """``(provenance, rows)`` of the changed engine on the GPU, or None while not measured."""
-    lines = _lines(AFTER)
-    return None if lines is None else (lines[0], lines[1:])
+    """``(provenance, rows)`` of the latest check of the changed engine, or None while none is recorded."""
+    checks = afters()
+    return checks[-1] if checks else None
+
+
+def next_after_name() -> str:
+    """The name a new check is recorded under: AFTER, then ``gpu_h100_after_2.jsonl``, ..."""
+    taken, n = set(_after_names()), 2
+    if AFTER not in taken:
+        return AFTER
+    while f"gpu_h100_after_{n}.jsonl" in taken:
+        n += 1
+    return f"gpu_h100_after_{n}.jsonl"
 
 
 def after_table(rows: list[dict[str, Any]]):
@@ -99,7 +144,14 @@ def record_check(out: str | Path, dest: str | Path, *, commit: str, allow_smoke:
     facts = dict(line.split(": ", 1) for line in env.splitlines() if line.startswith(("date: ", "smoke: ")))
     if facts.get("smoke") == "1" and not allow_smoke:
         raise ValueError(f"{out} holds a smoke run (GUIDE_GPU_CHECK_SMOKE=1), not a measurement")
+    lines = env.strip().splitlines()
+    for i, line in enumerate(lines):
+        # A GPU machine may get the working tree with an older .git beside it: the commit the
+        # caller names is the one that ran; what the copy's git said is kept beside it.
+        seen = line.partition("commit: ")[2].strip()
+        if line.startswith("commit: ") and not (seen.startswith(commit) or commit.startswith(seen)):
+            lines[i] = f"commit: {commit} (the working tree sent; the copy's own .git named {seen})"
     first = {"kind": "provenance", "study": "gpu_h100_after", "date": facts.get("date", ""),
-             "smoke": facts.get("smoke") == "1", "commit": commit, "env": env.strip().splitlines(),
+             "smoke": facts.get("smoke") == "1", "commit": commit, "env": lines,
              "regenerate": "OUT=DIR bash benchmarks/gpu/run_h100.sh; python benchmarks/gpu/record_h100.py DIR"}
     return write(dest, first, ({"kind": "benchmark", **r} for r in rows))

@@ -21,8 +21,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-import hostlist
-
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 
@@ -111,6 +109,10 @@ class SlurmJob:
         job_id = read_int(env, "SLURM_JOB_ID")
         if job_id is None:
             return None
+        # Imported here, in a job: a run outside Slurm (a workstation, a lent GPU) needs no
+        # node-list parser, and the engine imports this module through the launchers.
+        import hostlist
+
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
         nodes = hostlist.expand_hostlist(nodelist) if nodelist else []
         per_node = expand_per_node(env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE"))
