@@ -116,10 +116,9 @@ class RunRecord:
     samples: Any = None  # pandas.DataFrame of utilisation samples (--monitor); empty without
 
 
-def read_run(path: Path | str) -> RunRecord:
-    """One run record; malformed lines (e.g. a truncated last line) are skipped and counted."""
-    import pandas as pd
-
+def _parse(path: Path | str) -> dict[str, Any]:
+    """A run record's lines by kind, with json alone (no pandas: a training process reads its
+    own record at the end, and importing pandas costs it most of a CPU-second)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"run record {path} does not exist")
@@ -151,8 +150,22 @@ def read_run(path: Path | str) -> RunRecord:
         raise GuideError(f"{path} is not a run record (no config line); run records are written by "
                          "python -m guide_utils.train")
     # A resumed run re-records epochs it redid: the last occurrence wins.
-    table = pd.DataFrame([epochs[k] for k in sorted(epochs)])
-    return RunRecord(path.stem, path, config, environment, table, summary, events, skipped, pd.DataFrame(samples))
+    return {"path": path, "config": config, "environment": environment, "summary": summary,
+            "epochs": [epochs[k] for k in sorted(epochs)], "events": events, "samples": samples, "skipped": skipped}
+
+
+def epoch_rows(path: Path | str) -> list[dict]:
+    """A run record's epochs, one dict each in epoch order (a redone epoch's last record)."""
+    return _parse(path)["epochs"]
+
+
+def read_run(path: Path | str) -> RunRecord:
+    """One run record; malformed lines (e.g. a truncated last line) are skipped and counted."""
+    import pandas as pd
+
+    r = _parse(path)
+    return RunRecord(r["path"].stem, r["path"], r["config"], r["environment"], pd.DataFrame(r["epochs"]),
+                     r["summary"], r["events"], r["skipped"], pd.DataFrame(r["samples"]))
 
 
 def read_runs(results_dir: Path | str, pattern: str = "*.jsonl") -> list[RunRecord]:

@@ -130,9 +130,9 @@ class RunBook:
         run's does."""
         if not self.recorder:
             return
-        from ..core.records import read_run
+        from ..core.records import epoch_rows
 
-        errors = read_run(self.recorder.path).epochs.get("val_top1_err")
-        errors = [e for e in (errors if errors is not None else []) if e is not None and not math.isnan(e)]
+        errors = [row.get("val_top1_err") for row in epoch_rows(self.recorder.path)]
+        errors = [e for e in errors if e is not None and not math.isnan(e)]
         self.recorder.summary(completed_epochs=completed_epochs, weights_digests=digests,
                               ranks_agree=len(set(digests)) == 1, best_val_top1_err=min(errors, default=None))
