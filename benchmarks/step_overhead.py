@@ -34,6 +34,9 @@ from throughput import engine_rate
 
 PROG = "python benchmarks/step_overhead.py"
 BUDGET_US = 150.0  # the engine's per-step allowance over the hand loop, microseconds
+# A step that is almost all host work: a linear model on 8x8 images, batch 8, one batch
+# resident on the device (also benchmarks/gpu/step_probe.py's).
+TINY_STEP = {"model": "linear", "image_size": 8, "per_worker_batch": 8, "data": "synthetic-resident", "amp": "none"}
 
 
 def per_item_us(n: int = 20000) -> tuple[float, float]:
@@ -59,7 +62,7 @@ def per_item_us(n: int = 20000) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     p, own = parser(PROG, __doc__, steps=400, warmup=50)
-    p.set_defaults(model="linear", image_size=8, per_worker_batch=8, data="synthetic-resident", amp="none")
+    p.set_defaults(**TINY_STEP)
     own.add_argument("--amp", choices=["none", "bf16"], default="none", help="mixed precision autocast, in both")
     own.add_argument("--repeats", type=int, default=3, help="alternating engine/hand measurements of each")
     own.add_argument("--budget-us", type=float, default=BUDGET_US,

@@ -334,3 +334,41 @@ def test_a_warning_during_start_up_still_ends_in_a_checkpoint(tmp_path):
     resumed = _run([*cmd], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming checkpoint-epoch0000" in resumed.stdout
+
+
+# The engine outside a Slurm job: what a workstation or a lent GPU machine has.
+
+def test_a_run_outside_slurm_needs_no_python_hostlist(monkeypatch):
+    # the GPU check's machine may lack python-hostlist: the engine imports it only in a job
+    from guide_utils.engine.bookkeeping import environment
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # `import hostlist` now raises ImportError
+    monkeypatch.delitem(sys.modules, "guide_utils.runtime.slurm", raising=False)
+    assert environment("none", 1)["slurm"] is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    with pytest.raises(ImportError):
+        environment("none", 1)
+
+
+def test_the_engine_trains_outside_slurm_without_python_hostlist_or_pandas(tmp_path):
+    # What the lent GPU ran into (2026-11-27): the engine imports the launchers, they the
+    # Slurm module; only reading a job may need the node-list parser. A fresh interpreter,
+    # so every module is imported anew with `import hostlist` failing; the run also reads its
+    # own record back without pandas (most of a CPU-second in every training process).
+    code = ("import sys; sys.modules['hostlist'] = None\n"
+            "import guide_utils.engine, guide_utils.train, guide_utils.runtime.launchers\n"
+            "from guide_utils.core.config import make_config\n"
+            "from guide_utils.runtime.slurm import SlurmJob\n"
+            "assert SlurmJob.from_env({}) is None\n"
+            f"cfg = make_config('smoke', epochs=1, mnist1d_samples=400, results_dir={str(tmp_path)!r})\n"
+            "result = guide_utils.engine.train(cfg)\n"
+            "assert result.completed_epochs == 1 and 'pandas' not in sys.modules, sorted(sys.modules)[:5]\n"
+            "try:\n    SlurmJob.from_env({'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n[1-2]'})\n"
+            "except ImportError:\n    print('job needs hostlist')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("job needs hostlist"), done.stderr[-2000:]
+    (record,) = tmp_path.glob("*.jsonl")
+    summary = json.loads(record.read_text().splitlines()[-1])
+    assert summary["type"] == "summary" and summary["best_val_top1_err"] is not None

@@ -34,6 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as step_overhead.py: before tor
 import hand_loop  # noqa: E402
 import torch  # noqa: E402
 from bench_flags import parse, parser  # noqa: E402
+from step_overhead import TINY_STEP  # noqa: E402
 from throughput import engine_rate  # noqa: E402
 
 import guide_utils.engine.loop as loop  # noqa: E402
@@ -42,14 +43,14 @@ import guide_utils.engine.state as state  # noqa: E402
 
 STEPS = int(os.environ.get("PROBE_STEPS", 2000))
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", 5))
-BATCH = 8
+BATCH = TINY_STEP["per_worker_batch"]
 VARIANTS = ["engine", "no-metrics", "no-sched", "bare"]
 REAL = {"evaluate": loop.evaluate, "add": metrics.Sums.add, "build": state.build}
 
 
 def args_for(steps: int, warmup: int):
     p, _ = parser("step_probe", __doc__, steps=steps, warmup=warmup)
-    p.set_defaults(model="linear", image_size=8, per_worker_batch=BATCH, data="synthetic-resident", amp="none")
+    p.set_defaults(**TINY_STEP)
     return parse(p, [])
 
 
