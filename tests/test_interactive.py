@@ -143,6 +143,28 @@ def test_the_controller_watch_cancels_its_job_when_the_controller_is_gone(tmp_pa
     assert "controller at 127.0.0.1" in out.stdout
 
 
+def test_the_connection_file_is_read_once_it_is_whole(tmp_path):
+    """The controller writes its connection file in place: seen empty in CI, where reading
+    it then crashed the cluster's start. It is read once it parses, else one line."""
+    import threading
+
+    from guide_utils.cluster.interactive_launch import connection_info, controller_endpoint
+
+    path = tmp_path / "security" / "ipcontroller-c1-engine.json"
+    path.parent.mkdir()
+    path.write_text("")
+    info = {"interface": "tcp://0.0.0.0", "location": "node7", "registration": 50001}
+    timer = threading.Timer(0.5, lambda: path.write_text(json.dumps(info)))
+    timer.start()
+    try:
+        assert controller_endpoint(connection_info(str(tmp_path), "c1", timeout=20)) == ("node7", 50001)
+    finally:
+        timer.cancel()
+    path.write_text('{"interface": "tcp://')
+    with pytest.raises(GuideError, match=r"wrote no complete connection file .* in 0 s"):
+        connection_info(str(tmp_path), "c1", timeout=0.3)
+
+
 def test_mpi_engines_use_loopback_on_one_host_and_the_nodes_interface_on_several(monkeypatch):
     """Inside a one-node allocation (or none) the transports stay on loopback; across an
     allocation's nodes they use the site's interface, else the one this host routes to the

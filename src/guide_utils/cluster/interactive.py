@@ -61,7 +61,7 @@ from . import watchdog
 # helpers (interactive_notebook).
 from .interactive_cleanup import Resources, cleanup, job_state, queue_info
 from .interactive_follow import EPOCH_LINE, RECORD, Follower, QueueLine, in_notebook
-from .interactive_launch import (controller_address, controller_endpoint, controller_engine_ports,
+from .interactive_launch import (connection_info, controller_address, controller_endpoint, controller_engine_ports,
                                  engine_environment, engine_port_spec, mpiexec_args, require_ipyparallel, require_mpi)
 from .interactive_notebook import one_line_errors, print_plan
 from .interactive_remote import run_on_engine, whoami
@@ -223,8 +223,9 @@ class EngineCluster:
             controller_ip=self.controller_ip, controller_location=self.location or "", engine_timeout=int(self.timeout),
             controller_args=ports, delay=0, load_profile=False, log_level=logging.ERROR)
         cluster.start_controller_sync()
-        endpoint = controller_endpoint(res.profile_dir, res.cluster_id)
-        self.engine_ports = controller_engine_ports(res.profile_dir, res.cluster_id)
+        info = connection_info(res.profile_dir, res.cluster_id)
+        endpoint = controller_endpoint(info)
+        self.engine_ports = controller_engine_ports(info)
         env = engine_environment(self.engines, self.n)
         beats = [f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}"]
         if self.engines == "mpi":

@@ -9,6 +9,7 @@ file is what the reaper (``cluster.watchdog``) watches: gone, the reaper exits.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -32,8 +33,12 @@ class Resources:
     reaper: Any = None
 
     def save(self) -> None:
-        self.state_file.write_text(json.dumps({"cluster_id": self.cluster_id, "jobs": self.jobs,
-                                               "profile_dir": self.profile_dir}))
+        # whole or not at all: a kernel killed while writing must not leave the reaper a
+        # half file it cannot read (it would then cancel nothing)
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps({"cluster_id": self.cluster_id, "jobs": self.jobs,
+                                   "profile_dir": self.profile_dir}))
+        os.replace(tmp, self.state_file)
 
 
 def cleanup(res: Resources) -> None:

@@ -51,15 +51,23 @@ def controller_address(ip: str | None) -> str:
     return ip or os.environ.get("GUIDE_CONTROLLER_IP") or LOOPBACK
 
 
-def controller_endpoint(profile_dir: str, cluster_id: str, timeout: float = 30) -> tuple[str, int]:
-    """(host, registration port) at which the engines reach the controller."""
+def connection_info(profile_dir: str, cluster_id: str, timeout: float = 30) -> dict:
+    """The controller's engine connection file, once it is whole: the controller writes it
+    in place, so the file can exist and still be empty or half written (seen in CI)."""
     path = Path(profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
     end = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > end:
-            raise GuideError(f"the ipyparallel controller wrote no connection file ({path}) in {timeout:.0f} s")
-        time.sleep(0.1)
-    info = json.loads(path.read_text())
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            if time.monotonic() > end:
+                raise GuideError(f"the ipyparallel controller wrote no complete connection file ({path}) in "
+                                 f"{timeout:.0f} s; its log is in {Path(profile_dir) / 'log'}") from None
+            time.sleep(0.1)
+
+
+def controller_endpoint(info: dict) -> tuple[str, int]:
+    """(host, registration port) at which the engines reach the controller."""
     host = info["interface"].split("://", 1)[-1]
     if host in ("0.0.0.0", "*"):
         host = info.get("location") or socket.gethostname()
@@ -90,11 +98,8 @@ def engine_port_spec(ports: str | list[int] | None, needed: int = 9) -> str | No
     return spec
 
 
-def controller_engine_ports(profile_dir: str, cluster_id: str) -> dict:
-    """The controller's ports the engines connect to, by name, from its engine connection
-    file (which :func:`controller_endpoint` waited for)."""
-    path = Path(profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
-    info = json.loads(path.read_text())
+def controller_engine_ports(info: dict) -> dict:
+    """The controller's ports the engines connect to, by name, from its connection file."""
     return {k: info[k] for k in ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong",
                                  "broadcast") if k in info}
 
