@@ -166,6 +166,17 @@ def test_local_workers_are_pinned_to_loopback(monkeypatch):
     assert environment()["GLOO_SOCKET_IFNAME"] == "eth7"
 
 
+def test_local_mpi_ranks_yield_their_core_unless_the_caller_chose(monkeypatch):
+    """Ranks started here share their cores with the kernel and each other: OpenMPI yields
+    while a rank waits; a caller's own setting stands."""
+    from guide_utils.runtime.launch import environment
+
+    monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
+    assert environment()["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
+    assert environment()["OMPI_MCA_mpi_yield_when_idle"] == "0"
+
+
 def test_unknown_launcher_and_mismatched_dist_are_refused(tmp_path):
     from guide_utils.core.errors import GuideError
     from guide_utils.studies.experiments import launch
