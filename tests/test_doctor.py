@@ -251,7 +251,33 @@ def test_a_job_needs_only_its_own_parts():
     assert not diagnose(dataclasses.replace(no_tf, job=Job("tensorflow", "mwms"))).usable
     assert set(Job("pytorch", "ddp").probes()) == {"torch"}
     assert set(Job("tensorflow", "horovod").probes()) == {"tensorflow", "horovod"}
-    assert set(Job().probes()) == {"torch", "tensorflow", "horovod"}
+    assert set(Job().probes()) == {"torch", "tensorflow", "horovod", "horovod_tf"}  # a binding each
+
+
+def test_horovods_two_bindings_are_checked_in_their_own_frameworks_interpreters_and_merged():
+    """The whole guide: Horovod's PyTorch binding after PyTorch, its TensorFlow binding after
+    TensorFlow (TensorFlow imported once), reported as one Horovod."""
+    from guide_utils.cluster.doctor_probes import merge_horovod, run_probes
+
+    pid = "import os; result = os.getpid()"
+    pids = run_probes({"torch": pid, "tensorflow": pid, "horovod": pid, "horovod_tf": pid}, poll_s=0.2)
+    assert pids["torch"] == pids["horovod"] != pids["tensorflow"] == pids["horovod_tf"]
+    flags = {"MPI": True, "Gloo": True}
+    torch_side = {"horovod": "0.28.1", "frameworks": {"PyTorch": True}, "controllers": flags, "operations": flags}
+    tf_side = {"horovod": "0.28.1", "frameworks": {"TensorFlow": True}, "controllers": flags, "operations": flags}
+    both = {"horovod": (torch_side, None), "horovod_tf": (tf_side, None)}
+    merge_horovod(both)
+    assert both == {"horovod": ({**torch_side, "frameworks": {"PyTorch": True, "TensorFlow": True}}, None)}
+    # TensorFlow's interpreter crashed before its binding was checked: that binding is not usable
+    crashed = {"horovod": (torch_side, None), "horovod_tf": (None, "exit status -11")}
+    merge_horovod(crashed)
+    assert crashed["horovod"] == ({**torch_side, "frameworks": {"PyTorch": True, "TensorFlow": False}}, None)
+    broken = {"horovod": (None, "ImportError: libhorovod.so"), "horovod_tf": (None, "ImportError: libhorovod.so")}
+    merge_horovod(broken)
+    assert broken == {"horovod": (None, "ImportError: libhorovod.so")}
+    one = {"horovod": (torch_side, None)}  # a job of one framework: nothing to merge
+    merge_horovod(one)
+    assert one == {"horovod": (torch_side, None)}
 
 
 def test_a_dist_of_the_other_framework_is_one_line():

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from ..core.errors import GuideError
 from ..runtime.slurm import SlurmJob
 from .doctor_gpus import COUNTS, DEVICE_LISTS
-from .doctor_probes import HOROVOD_BINDINGS, PROBES, mpi_version, run_probes
+from .doctor_probes import HOROVOD_BINDINGS, PROBES, merge_horovod, mpi_version, run_probes
 
 # The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
 DEFAULT_LOADER_WORKERS = 4
@@ -57,11 +57,14 @@ class Job:
         """The probe programs this job needs, by name (none when quick)."""
         if self.quick:
             return {}
+        both = len(self.frameworks) > 1
         names = {"torch": "pytorch" in self.frameworks, "tensorflow": "tensorflow" in self.frameworks,
-                 "horovod": self.needs_horovod}
+                 "horovod": self.needs_horovod, "horovod_tf": self.needs_horovod and both}
         code = dict(PROBES)
-        bindings = [HOROVOD_BINDINGS[f] for f in self.frameworks]
-        code["horovod"] = f"FRAMEWORKS = {bindings!r}\n" + code["horovod"]
+        # each binding after its own framework (doctor_probes.merge_horovod joins them)
+        bindings = [HOROVOD_BINDINGS[f] for f in (self.frameworks[:1] if both else self.frameworks)]
+        code["horovod"] = f"FRAMEWORKS = {bindings!r}\n" + PROBES["horovod"]
+        code["horovod_tf"] = f"FRAMEWORKS = {[HOROVOD_BINDINGS['tensorflow']]!r}\n" + PROBES["horovod"]
         return {name: code[name] for name, wanted in names.items() if wanted}
 
     def describe(self) -> str:
@@ -107,7 +110,9 @@ def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_L
     gpu_vars = (*DEVICE_LISTS, *COUNTS)
     facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"), job=job,
                   gpu_env={k: env[k] for k in gpu_vars if k in env})
-    for name, (result, error) in run_probes(job.probes()).items():
+    results = run_probes(job.probes())
+    merge_horovod(results)
+    for name, (result, error) in results.items():
         setattr(facts, name, result)
         if error:
             facts.errors[name] = error

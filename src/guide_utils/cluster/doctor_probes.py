@@ -21,7 +21,10 @@ from typing import Any, Mapping
 # that loads it, and the doctor must still report everything else. Horovod's probe runs after
 # the framework it binds to, in the same interpreter (it imports that framework anyway, as a
 # training does): one import fewer, and a crash in Horovod keeps the framework's facts, printed
-# first. Each probe leaves its facts in ``result``.
+# first. Where a job uses both frameworks, each binding is checked in its own framework's
+# interpreter ("horovod" after PyTorch, "horovod_tf" after TensorFlow, merged by
+# ``merge_horovod``): TensorFlow is imported once, not a second time beside PyTorch.
+# Each probe leaves its facts in ``result``.
 PROBES = {
     "torch": """
 import torch, torchvision
@@ -139,16 +142,42 @@ print({mark!r} + __import__("json").dumps(_out), flush=True)
 """
 
 
+# Horovod's probes and the framework interpreters they run after, in order of preference.
+HOROVOD_HOSTS = {"horovod": ("torch", "tensorflow"), "horovod_tf": ("tensorflow",)}
+
+
 def _groups(names: list[str]) -> list[list[str]]:
-    """The probes by interpreter: Horovod's after PyTorch's, else after TensorFlow's."""
-    groups = [[n] for n in names if n != "horovod"]
-    if "horovod" in names:
-        host = next((g for first in ("torch", "tensorflow") for g in groups if g[0] == first), None)
-        if host is None:
-            groups.append(["horovod"])
-        else:
-            host.append("horovod")
+    """The probes by interpreter: Horovod's after PyTorch's, else after TensorFlow's;
+    ``horovod_tf`` after TensorFlow's."""
+    groups = [[n] for n in names if n not in HOROVOD_HOSTS]
+    for probe, hosts in HOROVOD_HOSTS.items():
+        if probe in names:
+            host = next((g for first in hosts for g in groups if g[0] == first), None)
+            if host is None:
+                groups.append([probe])
+            else:
+                host.append(probe)
     return groups
+
+
+def merge_horovod(results: dict[str, tuple[dict[str, Any] | None, str | None]]) -> None:
+    """Fold ``horovod_tf`` (the TensorFlow binding, checked in TensorFlow's interpreter) into
+    ``horovod`` (the PyTorch binding), in place: one Horovod with both bindings. A binding
+    whose interpreter stopped before its check is reported as not usable."""
+    if "horovod_tf" not in results:
+        return
+    (main, main_error), (tf, tf_error) = results["horovod"], results.pop("horovod_tf")
+    if main is None and tf is None:
+        results["horovod"] = (None, main_error or tf_error)
+        return
+    both = [r for r in (main, tf) if r is not None]
+    frameworks = {name: False for name, _ in HOROVOD_BINDINGS.values()}
+    for r in both:
+        frameworks.update(r["frameworks"])
+    merged = {**both[0], "frameworks": frameworks}
+    for key in ("controllers", "operations"):  # the build's flags: any working binding tells them
+        merged[key] = next((r[key] for r in both if r.get(key)), None)
+    results["horovod"] = (merged, None)
 
 
 def _program(names: list[str], probes: Mapping[str, str]) -> str:
