@@ -47,8 +47,8 @@ MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a process a test starts: this one's, unbuffered output (a killed
     child's last lines still arrive), one thread, OpenMPI ranks that yield their core while
-    they wait (the tests share two cores; runtime.launch.environment does the same), the venv's
-    commands first on the PATH, the dataset cache shared with the session; then ``extra``."""
+    they wait (the tests share two cores; no number changes, as the CI site profile does), the
+    venv's commands first on the PATH, the dataset cache shared with the session; then ``extra``."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"

@@ -166,15 +166,20 @@ def test_local_workers_are_pinned_to_loopback(monkeypatch):
     assert environment()["GLOO_SOCKET_IFNAME"] == "eth7"
 
 
-def test_local_mpi_ranks_yield_their_core_unless_the_caller_chose(monkeypatch):
-    """Ranks started here share their cores with the kernel and each other: OpenMPI yields
-    while a rank waits; a caller's own setting stands."""
+def test_local_mpi_ranks_keep_openmpis_waiting_unless_the_caller_chose(monkeypatch):
+    """Workers started here keep OpenMPI's default (spinning while they wait): chapter 10's
+    two-worker study compares it with yielding (perf.twoworkers: horovod-mpi vs
+    horovod-mpi-yield), and a default set here would make both setups the same. A caller's
+    or a setup's own choice reaches the workers."""
+    from guide_utils.perf import twoworkers
     from guide_utils.runtime.launch import environment
 
     monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
+    assert "OMPI_MCA_mpi_yield_when_idle" not in environment()
+    assert dict(twoworkers.SETUPS["horovod-mpi"].env) == {}
+    assert dict(twoworkers.SETUPS["horovod-mpi-yield"].env) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "1")
     assert environment()["OMPI_MCA_mpi_yield_when_idle"] == "1"
-    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
-    assert environment()["OMPI_MCA_mpi_yield_when_idle"] == "0"
 
 
 def test_unknown_launcher_and_mismatched_dist_are_refused(tmp_path):

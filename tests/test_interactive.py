@@ -182,17 +182,17 @@ def test_mpi_engines_use_loopback_on_one_host_and_the_nodes_interface_on_several
         monkeypatch.delenv(name, raising=False)
     for name in [v for v in os.environ if v.startswith("SLURM_")]:
         monkeypatch.delenv(name)
-    env = engine_environment("mpi")
+    env = engine_environment("mpi", 2)
     assert {env[v] for v in launch.IFACE_VARS} == {lo} and env["MASTER_ADDR"] == "127.0.0.1"
 
     for name, value in {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "8"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv(launch.IFACE_SITE_VAR, "ib0")  # the site's choice
-    env = engine_environment("mpi")
+    env = engine_environment("mpi", 8)
     assert {env[v] for v in launch.IFACE_VARS} == {"ib0"} and "MASTER_ADDR" not in env
     monkeypatch.delenv(launch.IFACE_SITE_VAR)
     # gpu01 and gpu02 do not resolve here: no interface can be told, so none is forced
-    assert not set(launch.IFACE_VARS) & set(engine_environment("mpi"))
+    assert not set(launch.IFACE_VARS) & set(engine_environment("mpi", 8))
 
     monkeypatch.setattr(socket, "gethostbyname", lambda host: "127.0.0.1" if host == "guide-a" else host)
     assert launch.network_interface(["guide-a", "localhost"], {}) == lo  # the route to loopback

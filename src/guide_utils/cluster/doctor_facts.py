@@ -62,8 +62,7 @@ class Job:
                  "horovod": self.needs_horovod, "horovod_tf": self.needs_horovod and both}
         code = dict(PROBES)
         # each binding after its own framework (doctor_probes.merge_horovod joins them)
-        bindings = [HOROVOD_BINDINGS[f] for f in (self.frameworks[:1] if both else self.frameworks)]
-        code["horovod"] = f"FRAMEWORKS = {bindings!r}\n" + PROBES["horovod"]
+        code["horovod"] = f"FRAMEWORKS = {[HOROVOD_BINDINGS[self.frameworks[0]]]!r}\n" + PROBES["horovod"]
         code["horovod_tf"] = f"FRAMEWORKS = {[HOROVOD_BINDINGS['tensorflow']]!r}\n" + PROBES["horovod"]
         return {name: code[name] for name, wanted in names.items() if wanted}
 

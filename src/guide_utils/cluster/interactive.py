@@ -226,7 +226,7 @@ class EngineCluster:
         info = connection_info(res.profile_dir, res.cluster_id)
         endpoint = controller_endpoint(info)
         self.engine_ports = controller_engine_ports(info)
-        env = engine_environment(self.engines)
+        env = engine_environment(self.engines, self.n)
         beats = [f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}"]
         if self.engines == "mpi":
             cluster.start_engines_sync(self.n, environment=env, engine_args=beats,

@@ -153,11 +153,6 @@ def environment(hosts: list[str] | None = None) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")  # two workers on two cores: one thread each
     if os.geteuid() == 0:  # OpenMPI refuses root unless told twice (containers, CI)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    # Workers started here share their cores with whoever started them (a notebook's kernel,
-    # its controller, other workers): OpenMPI yields the core while a rank waits instead of
-    # spinning on it. No number changes; on two busy cores it cut a 2-rank Horovod run's CPU
-    # time by about a sixth (20.3 to 17.1 CPU-s, 2 epochs of the smoke profile).
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     iface = network_interface(hosts or [], env)
     if not other_hosts(hosts or []):
         env.setdefault("MASTER_ADDR", "127.0.0.1")
