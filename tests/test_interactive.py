@@ -165,6 +165,25 @@ def test_the_connection_file_is_read_once_it_is_whole(tmp_path):
         connection_info(str(tmp_path), "c1", timeout=0.3)
 
 
+def test_mpi_engines_yield_their_core_only_when_they_have_none_to_spare(monkeypatch):
+    """As many MPI engines as cores (the kernel and the controller share them): OpenMPI yields
+    while an engine waits. With cores to spare it keeps its default; a notebook's own setting
+    is never overridden. Counted for a 2-core and a 64-core node, not this machine's."""
+    from guide_utils.cluster.interactive_launch import engine_environment
+
+    yield_var = "OMPI_MCA_mpi_yield_when_idle"
+    monkeypatch.delenv(yield_var, raising=False)
+    for name in [v for v in os.environ if v.startswith("SLURM_")]:
+        monkeypatch.delenv(name)  # engines on this host
+    for cores, engines, expected in ((2, 2, "1"), (2, 4, "1"), (64, 4, None), (64, 64, "1")):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        assert engine_environment("mpi", engines).get(yield_var) == expected, (cores, engines)
+    assert yield_var not in engine_environment("slurm", 2)  # a Slurm job's engines: the job's settings
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setenv(yield_var, "0")
+    assert yield_var not in engine_environment("mpi", 2)  # the notebook's "0" reaches them as it is
+
+
 def test_mpi_engines_use_loopback_on_one_host_and_the_nodes_interface_on_several(monkeypatch):
     """Inside a one-node allocation (or none) the transports stay on loopback; across an
     allocation's nodes they use the site's interface, else the one this host routes to the

@@ -118,8 +118,8 @@ def engine_environment(engines: str, n: int) -> dict[str, str]:
 
         full = environment(engine_hosts())
         env.update({k: v for k, v in full.items() if os.environ.get(k) != v})
-        if n >= (os.cpu_count() or 1):
-            env.setdefault("OMPI_MCA_mpi_yield_when_idle", os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1"))
+        if n >= (os.cpu_count() or 1) and "OMPI_MCA_mpi_yield_when_idle" not in os.environ:
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"  # a setting of the notebook's own stands
     return env
 
 
