@@ -59,7 +59,7 @@ def test_digits_are_scikit_learns_without_importing_it():
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from guide_utils.data.loaders import digits_arrays
+    from guide_utils.data.arrays import digits_arrays
 
     images, target = digits_arrays()
     d = load_digits()
@@ -68,6 +68,28 @@ def test_digits_are_scikit_learns_without_importing_it():
              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("spec", ["mnist1d", "digits"])
+def test_the_tensorflow_doors_arrays_are_the_pytorch_engines_samples(spec, tmp_path):
+    """data.arrays gives TensorFlow the samples and split that build_data gives PyTorch,
+    channels last; for MNIST-1D (the smoke profile's data) a fresh process loading them
+    imports no torch (3 CPU-seconds and half a GiB in every TensorFlow worker)."""
+    import subprocess
+    import sys
+
+    from guide_utils.data.arrays import arrays
+
+    bundle = build_data(spec, mnist1d_samples=400, cache_dir=tmp_path)
+    xt, yt, xv, yv = arrays(spec, mnist1d_samples=400, cache_dir=tmp_path)
+    for (x, y), dataset in (((xt, yt), bundle.train), ((xv, yv), bundle.val)):
+        tx, ty = dataset.tensors
+        assert torch.equal(torch.as_tensor(x), tx.movedim(1, -1)) and torch.equal(torch.as_tensor(y), ty)
+    if spec == "mnist1d":
+        probe = (f"import sys; from guide_utils.data.arrays import arrays; arrays('mnist1d', mnist1d_samples=400, "
+                 f"cache_dir={str(tmp_path)!r}); print('torch' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "False"
 
 
 def test_image_folder_with_the_thesis_transforms(tmp_path):

@@ -24,11 +24,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import sys
-import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +32,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from ..core.errors import GuideError
+from .arrays import SYNTHETIC_MODES, digits_split, mnist1d_arrays
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -57,8 +53,6 @@ class DataBundle:
     resident: bool = False  # synthetic-resident: the engine reuses one batch made on the device
 
 
-SYNTHETIC_MODES = {"synthetic": "synthetic-loader", "synthetic-loader": "synthetic-loader",
-                   "synthetic-resident": "synthetic-resident"}
 INPUT_DTYPES = ("auto", "float32", "uint8")
 
 
@@ -86,79 +80,13 @@ class SyntheticImages(Dataset):
         return self.images[i % self.POOL], self.labels[i]
 
 
-def _cache_dir(cache_dir: Path | None) -> Path:
-    return Path(cache_dir or os.environ.get("GUIDE_DATA_CACHE") or Path.home() / ".cache" / "guide_utils")
-
-
-def _mnist1d_arrays(samples: int, seed: int, cache_dir: Path | None) -> dict[str, np.ndarray]:
-    from importlib.metadata import version
-
-    # Keyed by the installed mnist1d, which is imported only to generate: importing it
-    # (matplotlib, scipy) costs each worker a CPU-second that a cache hit does not need.
-    key = hashlib.sha256(f"{samples}-{seed}-{version('mnist1d')}".encode()).hexdigest()[:12]
-    directory = _cache_dir(cache_dir)
-    path = directory / f"mnist1d-{samples}-seed{seed}-{key}.npz"
-    want = ("x", "y", "x_test", "y_test")
-    if path.exists():
-        try:
-            with np.load(path) as f:
-                arrays = {k: f[k] for k in want}
-            if arrays["x"].shape[1:] == (40,) and len(arrays["x"]) == len(arrays["y"]):
-                return arrays
-        except Exception:  # noqa: BLE001 - any unreadable cache is regenerated
-            pass
-        warnings.warn(f"MNIST-1D cache {path} is unreadable; generating it again", stacklevel=3)
-    from mnist1d.data import get_dataset_args, make_dataset
-
-    args = get_dataset_args()
-    args.num_samples, args.seed = samples, seed
-    # make_dataset prints progress; keep rank output clean.
-    stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
-    try:
-        data = make_dataset(args)
-    finally:
-        sys.stdout.close()
-        sys.stdout = stdout
-    arrays = {k: np.asarray(data[k]) for k in want}
-    directory.mkdir(parents=True, exist_ok=True)
-    # Atomic: several ranks may generate at once; each renames a complete file into place.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mnist1d-", suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
-    return arrays
-
-
 def _tensors(x: np.ndarray, y: np.ndarray) -> TensorDataset:
     return TensorDataset(torch.as_tensor(x, dtype=torch.float32).unsqueeze(1), torch.as_tensor(y, dtype=torch.int64))
 
 
-def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits: (1797, 8, 8) images with pixel values 0..16, and their labels;
-    the arrays ``load_digits`` returns, read from the CSV file scikit-learn ships. Importing
-    scikit-learn's datasets costs about 3 CPU-seconds, which every process that trains on
-    digits would pay (the tests start hundreds)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
-    csv = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
-    if csv is None or not csv.is_file():  # another layout: scikit-learn's own reader
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        return d.images, d.target
-    data = np.loadtxt(csv, delimiter=",")
-    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
-
-
 def _digits() -> DataBundle:
-    images, target = digits_arrays()
-    x = torch.as_tensor(images / 16.0, dtype=torch.float32).unsqueeze(1)  # pixel values are 0..16
-    y = torch.as_tensor(target, dtype=torch.int64)
-    # A fixed split (not the run's seed): every run validates on the same 20%.
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    n_val = len(y) // 5
-    val, train = order[:n_val], order[n_val:]
+    x, y, train, val = (torch.as_tensor(a) for a in digits_split())
+    x = x.unsqueeze(1)
     return DataBundle("digits", TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]), 10, (1, 8, 8))
 
 
@@ -200,26 +128,6 @@ def _image_folder(root: Path, image_size: int, uint8: bool = False) -> DataBundl
                       normalize=(IMAGENET_MEAN, IMAGENET_STD) if uint8 else None)
 
 
-def arrays(spec: str, *, mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None):
-    """The built-in real datasets as numpy arrays in channels-last layout, for frameworks
-    other than PyTorch (the TensorFlow door): ``(x_train, y_train, x_val, y_val)``.
-
-    Same samples and the same train/val split as ``build_data``: MNIST-1D as (N, 40, 1)
-    signals, digits as (N, 8, 8, 1) images scaled to 0..1.
-    """
-    if spec == "mnist1d":
-        if mnist1d_samples < 100:
-            raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
-        a = _mnist1d_arrays(mnist1d_samples, seed, cache_dir)
-        return (a["x"][..., None].astype(np.float32), a["y"].astype(np.int64),
-                a["x_test"][..., None].astype(np.float32), a["y_test"].astype(np.int64))
-    if spec == "digits":
-        b = _digits()
-        (xt, yt), (xv, yv) = b.train.tensors, b.val.tensors
-        return (xt.permute(0, 2, 3, 1).numpy(), yt.numpy(), xv.permute(0, 2, 3, 1).numpy(), yv.numpy())
-    raise GuideError(f"no array form of dataset {spec!r}; choose mnist1d or digits")
-
-
 def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, synthetic_size: int = 1024,
                mnist1d_samples: int = 20000, seed: int = 0, cache_dir: Path | None = None,
                input_dtype: str = "float32") -> DataBundle:
@@ -246,7 +154,7 @@ def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, syn
     if spec == "mnist1d":
         if mnist1d_samples < 100:
             raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
-        a = _mnist1d_arrays(mnist1d_samples, seed, cache_dir)
+        a = mnist1d_arrays(mnist1d_samples, seed, cache_dir)
         return DataBundle("mnist1d", _tensors(a["x"], a["y"]), _tensors(a["x_test"], a["y_test"]),
                           int(max(a["y"].max(), a["y_test"].max())) + 1, (1, a["x"].shape[1]))
     if spec == "digits":

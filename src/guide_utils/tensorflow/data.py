@@ -1,5 +1,5 @@
 """The engine's datasets for ``tf.data``: the same samples and splits as the PyTorch
-engine's (``guide_utils.data.loaders.arrays``), sharded per worker under Horovod;
+engine's (``guide_utils.data.arrays``), sharded per worker under Horovod;
 MultiWorkerMirroredStrategy shards the batched dataset itself.
 
 Training samples are read by position (``TFData.read``), as the PyTorch engine's sampler reads
@@ -39,7 +39,7 @@ class TFData:
 def build_tf_data(cfg: TrainConfig, dist: TFDist) -> TFData:
     import tensorflow as tf
 
-    from ..data.loaders import SYNTHETIC_MODES, arrays
+    from ..data.arrays import SYNTHETIC_MODES, arrays
 
     shard = dist.kind == "horovod"  # MWMS shards the batched dataset itself
     if cfg.data in SYNTHETIC_MODES:

@@ -5,7 +5,7 @@ What is shared with the PyTorch engine, not re-implemented: the configuration an
 profiles (``config``), the run plan (``engine.plan``: workers, batches, the scaled learning
 rate, steps, the schedule, applied per batch by ``schedules.keras_callback``), the
 bookkeeping (``engine.bookkeeping``: record, printed lines, summary, weights digest), the
-datasets (``data.loaders.arrays``) and the throughput meter. What is TensorFlow's or
+datasets (``data.arrays.arrays``) and the throughput meter. What is TensorFlow's or
 Horovod's own:
 
 * ``--dist horovod``: ``horovod.tensorflow.keras`` with ``DistributedOptimizer`` (gradients
