@@ -112,6 +112,15 @@ def test_image_folder_errors(tmp_path, make, fragment):
     assert "\n" not in str(exc.value) and str(path) in str(exc.value)
 
 
+def test_too_few_mnist1d_samples_are_refused_by_both_engines_data_before_any_file_is_made(tmp_path):
+    from guide_utils.data.arrays import arrays
+
+    for load in (build_data, arrays):
+        with pytest.raises(GuideError, match="--mnist1d-samples must be at least 100, got 99"):
+            load("mnist1d", mnist1d_samples=99, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_mismatched_classes(tmp_path):
     root = make_image_tree(tmp_path / "d")
     (root / "val" / "cat").rename(root / "val" / "cow")

@@ -29,7 +29,12 @@ def _cache_dir(cache_dir: Path | None) -> Path:
 
 
 def mnist1d_arrays(samples: int, seed: int, cache_dir: Path | None) -> dict[str, np.ndarray]:
+    """MNIST-1D's ``x``, ``y``, ``x_test``, ``y_test`` for ``samples`` and ``seed``, from the cache
+    (``GUIDE_DATA_CACHE``, else ~/.cache/guide_utils) or generated into it."""
     from importlib.metadata import version
+
+    if samples < 100:
+        raise GuideError(f"--mnist1d-samples must be at least 100, got {samples}")
 
     # Keyed by the installed mnist1d, which is imported only to generate: importing it
     # (matplotlib, scipy) costs each worker a CPU-second that a cache hit does not need.
@@ -106,8 +111,6 @@ def arrays(spec: str, *, mnist1d_samples: int = 20000, seed: int = 0, cache_dir:
     signals, digits as (N, 8, 8, 1) images scaled to 0..1.
     """
     if spec == "mnist1d":
-        if mnist1d_samples < 100:
-            raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
         a = mnist1d_arrays(mnist1d_samples, seed, cache_dir)
         return (a["x"][..., None].astype(np.float32), a["y"].astype(np.int64),
                 a["x_test"][..., None].astype(np.float32), a["y_test"].astype(np.int64))

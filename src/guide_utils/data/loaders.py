@@ -152,8 +152,6 @@ def build_data(spec: str, *, image_size: int = 224, num_classes: int = 1000, syn
         raise GuideError(f"--input-dtype uint8 is for images (synthetic, a folder, shards); {spec} is "
                          "float data: use --input-dtype auto or float32")
     if spec == "mnist1d":
-        if mnist1d_samples < 100:
-            raise GuideError(f"--mnist1d-samples must be at least 100, got {mnist1d_samples}")
         a = mnist1d_arrays(mnist1d_samples, seed, cache_dir)
         return DataBundle("mnist1d", _tensors(a["x"], a["y"]), _tensors(a["x_test"], a["y_test"]),
                           int(max(a["y"].max(), a["y_test"].max())) + 1, (1, a["x"].shape[1]))
