@@ -23,6 +23,7 @@ the tail of the daemons' logs, and must fail the tests that need the cluster.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -50,6 +51,20 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 PACKAGES = ("slurm-wlm", "munge")
 BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "mungekey")
 LOOPBACK = ("127.0.0.1", "::1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Crash:
+    """A daemon that died while the cluster ran: its name, when (monotonic and clock time),
+    its exit status and the last lines of its output."""
+    name: str
+    at: float
+    clock: str
+    status: int | None
+    tail: list[str]
+
+    def __str__(self) -> str:
+        return f"{self.name} died at {self.clock} (status {self.status}): {' | '.join(self.tail)}"
 
 
 class SlurmUnavailable(Exception):
@@ -243,6 +258,8 @@ class SlurmCluster:
         self._sampling = threading.Event()
         self.seen_listeners: set[tuple[str, str, str, int]] = set()  # (command, kind, address, port)
         self.listener_pids: dict[tuple[str, str, str, int], str] = {}  # what each was: pid, command line
+        self.crashes: list[Crash] = []  # daemons that died while the cluster ran (restarted since)
+        self._given_up: set[subprocess.Popen] = set()
 
     # -- start / stop ---------------------------------------------------------------------
     def start(self) -> "SlurmCluster":
@@ -278,7 +295,7 @@ class SlurmCluster:
             self._spawn(["slurmd", "-D", "-f", str(self.conf), "-N", n], f"slurmd-{n}")
         self._wait_for(self._nodes_idle, self.node_timeout, "the nodes did not come up idle")
         self._sampling.clear()
-        self._sampler = threading.Thread(target=self._sample_listeners, daemon=True)
+        self._sampler = threading.Thread(target=self._watch, daemon=True)
         self._sampler.start()
         return self
 
@@ -345,12 +362,42 @@ class SlurmCluster:
 
     def _spawn(self, cmd: list[str], name: str) -> None:
         assert self.holder is not None
-        log = open(self.root / "log" / f"{name}.stdout", "w")
-        proc = subprocess.Popen(["nsenter", f"--target={self.holder.pid}", "--mount", "--", *cmd], stdout=log,
-                                stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        self.procs.append((name, proc))
+        self.procs.append((name, self._popen(["nsenter", f"--target={self.holder.pid}", "--mount", "--", *cmd],
+                                             name, "w")))
         time.sleep(0.2)
         self._check_alive()
+
+    def _popen(self, argv: list[str], name: str, mode: str) -> subprocess.Popen:
+        log = open(self.root / "log" / f"{name}.stdout", mode)
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+
+    def _restart_dead(self) -> None:
+        """Start again a daemon that died while the cluster ran, as a site's service manager
+        does (systemd's Restart=on-failure), and record it in ``crashes``. Debian's Slurm
+        22.05 slurmd has been seen to abort here (glibc "malloc(): unaligned tcache chunk
+        detected") while launching a step of a job that had just requeued itself; left dead,
+        its node goes DOWN after SlurmdTimeout and takes every job on it along."""
+        for i, (name, p) in enumerate(self.procs):
+            if p.poll() is None or self._sampling.is_set() or p in self._given_up:
+                continue
+            log = self.root / "log" / f"{name}.stdout"
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+            self.crashes.append(Crash(name, time.monotonic(), time.strftime("%H:%M:%S"), p.returncode, tail))
+            if sum(c.name == name for c in self.crashes) > 3:  # one that cannot start stays dead
+                self._given_up.add(p)
+                continue
+            self.procs[i] = (name, self._popen(list(p.args), name, "a"))
+
+    def _watch(self) -> None:
+        """Every second while the cluster runs: restart dead daemons, sample listeners."""
+        while not self._sampling.wait(1.0):
+            with contextlib.suppress(Exception):
+                self._restart_dead()
+            self._sample_listeners()
+
+    def crashes_since(self, since: float) -> list["Crash"]:
+        """The daemon deaths recorded at or after ``since`` (a time.monotonic() value)."""
+        return [c for c in self.crashes if c.at >= since]
 
     def _check_alive(self) -> None:
         for name, p in [("namespace", self.holder), *self.procs]:
@@ -419,17 +466,16 @@ class SlurmCluster:
         return out
 
     def _sample_listeners(self) -> None:
-        """Record, every second while the cluster runs, what the namespace listens on:
-        ``seen_listeners`` holds (command, kind, address, port), kind from ``listener_kind``."""
-        while not self._sampling.wait(1.0):
-            with contextlib.suppress(Exception):
-                for c, pid, a, p in self.listening_sockets():
-                    key = (c, listener_kind(pid, c, p), a, p)
-                    if key[1] != "exiting" and key not in self.seen_listeners:
-                        self.seen_listeners.add(key)
-                        with contextlib.suppress(OSError):
-                            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200].decode()
-                            self.listener_pids[key] = f"pid {pid}: {cmd}"
+        """Record what the namespace listens on: ``seen_listeners`` holds (command, kind,
+        address, port), kind from ``listener_kind``."""
+        with contextlib.suppress(Exception):
+            for c, pid, a, p in self.listening_sockets():
+                key = (c, listener_kind(pid, c, p), a, p)
+                if key[1] != "exiting" and key not in self.seen_listeners:
+                    self.seen_listeners.add(key)
+                    with contextlib.suppress(OSError):
+                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200].decode()
+                        self.listener_pids[key] = f"pid {pid}: {cmd}"
 
     # -- jobs -----------------------------------------------------------------------------
     def jobs(self, job_id: str) -> list[dict[str, str]]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -318,3 +320,23 @@ def test_the_probes_of_a_real_slurm_job(cluster, tmp_path):
     assert sorted(p["visible_gpus"] for p in per_task) == [["0"], ["1"]]  # a list per task
     unbound = read_probes((tmp_path / "per_task_unbound.jsonl").read_text(), "per_task_unbound")
     assert sorted(p["gpu"] for p in unbound) == ["0", "1"] and {p["visible_gpus"] for p in unbound} == {None}
+
+
+@pytest.mark.slurm
+def test_a_slurmd_that_dies_is_restarted_and_its_node_stays_up(cluster):
+    """The test Slurm's watchdog (tests/slurm_cluster.py): slurmd aborting, as Debian's 22.05
+    did once in CI, is recorded and started again, and both nodes then run a step, instead of
+    the node going DOWN with every job on it."""
+    since = time.monotonic()
+    (slurmd,) = [p for name, p in cluster.procs if name == "slurmd-guide-n2"]
+    os.kill(slurmd.pid, signal.SIGABRT)
+    end = time.monotonic() + 20
+    while not cluster.crashes_since(since) and time.monotonic() < end:
+        time.sleep(0.2)
+    (crash,) = cluster.crashes_since(since)
+    assert crash.name == "slurmd-guide-n2" and crash.status == -signal.SIGABRT, crash
+    out = subprocess.run(["srun", "-N2", "-n2", "--ntasks-per-node=1", "sh", "-c", "echo $SLURMD_NODENAME"],
+                         env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and sorted(out.stdout.split()) == ["guide-n1", "guide-n2"], out.stderr
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=cluster.env, capture_output=True, text=True)
+    assert "down" not in states.stdout and "not_responding" not in states.stdout, states.stdout

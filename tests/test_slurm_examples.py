@@ -268,6 +268,7 @@ eval "${{site_srun/declare -a/declare -ga}}"
 
     def submit(self) -> None:
         job, examples = self.job, self.repo / "slurm_examples"
+        self.submitted_at = time.monotonic()
         if job.via == "submit":
             out = self._run([str(examples / "submit.sh"), str(examples / job.script), "--parsable", *job.sbatch,
                              "--", *job.train])
@@ -328,27 +329,34 @@ class Batch:
     """The jobs of every selected test, submitted up front."""
 
     def __init__(self, cluster: SlurmCluster, archive: Path, base: Path, names: list[str]):
-        self.cluster, self.subs, self.threads = cluster, {}, []
+        self.cluster, self.archive, self.subs, self.threads = cluster, archive, {}, []
         self.stack = contextlib.ExitStack()
         try:
             for name in names:
-                job = JOBS[name]
-                sub = Submission(cluster, base / re.sub(r"\W", "_", name), archive, job)
-                if job.full_scratch:
-                    self.stack.enter_context(cluster.tmpfs(sub.scratch, "512k"))
-                sub.submit()
-                self.subs[name] = sub
-                if job.usr1_after_epoch:
-                    t = threading.Thread(target=self._usr1_after_first_epoch, args=(sub,), daemon=True)
-                    t.start()
-                    self.threads.append(t)
-                if job.watch_steps:
-                    t = threading.Thread(target=self._watch_steps, args=(sub,), daemon=True)
-                    t.start()
-                    self.threads.append(t)
+                self._submit(name, base / re.sub(r"\W", "_", name))
         except BaseException:
             self.close()
             raise
+
+    def _submit(self, name: str, tmp: Path) -> Submission:
+        job = JOBS[name]
+        sub = Submission(self.cluster, tmp, self.archive, job)
+        if job.full_scratch:
+            self.stack.enter_context(self.cluster.tmpfs(sub.scratch, "512k"))
+        sub.submit()
+        # A second submission in a folder of its own, for a test whose first one a dying
+        # Slurm daemon broke (tests/slurm_rerun.py); what is left of the first is cancelled.
+        sub.again = lambda: self._cancel(sub) or self._submit(name, tmp.with_name(tmp.name + "_again"))
+        self.subs[name] = sub
+        if job.usr1_after_epoch:
+            t = threading.Thread(target=self._usr1_after_first_epoch, args=(sub,), daemon=True)
+            t.start()
+            self.threads.append(t)
+        if job.watch_steps:
+            t = threading.Thread(target=self._watch_steps, args=(sub,), daemon=True)
+            t.start()
+            self.threads.append(t)
+        return sub
 
     def get(self, name: str) -> Submission:
         assert name in self.subs, f"{name} has no entry in JOBS"
@@ -381,11 +389,14 @@ class Batch:
                     sub.steps[step.group(1)] = line
             time.sleep(0.5)
 
+    def _cancel(self, sub: Submission) -> None:
+        for job_id in sub.ids:
+            if self.cluster.finished(job_id) is None:
+                subprocess.run(["scancel", job_id], env=self.cluster.env, capture_output=True)
+
     def close(self) -> None:
         for sub in self.subs.values():
-            for job_id in sub.ids:
-                if self.cluster.finished(job_id) is None:
-                    subprocess.run(["scancel", job_id], env=self.cluster.env, capture_output=True)
+            self._cancel(sub)
         for sub in self.subs.values():
             with contextlib.suppress(TimeoutError):
                 sub.wait(60)
