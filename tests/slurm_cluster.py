@@ -33,6 +33,7 @@ import socket
 import subprocess
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from guide_utils.cluster import provision
@@ -534,6 +535,8 @@ def module_cluster(tmp_path_factory):
     c = start_or_skip(SlurmCluster(tmp_path_factory.mktemp("slurm")))
     yield c
     c.stop()
+    for crash in c.crashes:  # in the run's warnings summary, also when no test failed for it
+        warnings.warn(f"test Slurm: {crash}; restarted", stacklevel=1)
 
 
 def digits_archive(tmp_path_factory) -> Path:
