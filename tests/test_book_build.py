@@ -4,6 +4,7 @@ these needs the session's whole-book build (test_book.py reads that)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,8 +52,9 @@ def test_the_build_kernels_drop_only_the_loopback_warning(tmp_path, monkeypatch)
 
 # --- the build itself, on a one-notebook book ------------------------------------------
 
-PROBE = """import time
-print("executed at", time.time_ns())"""
+PROBE = """import tempfile, time
+print("executed at", time.time_ns())
+print("records in", tempfile.mkdtemp(prefix="guide-probe-"))"""
 
 
 @pytest.fixture
@@ -88,6 +90,9 @@ def _build(root: Path) -> tuple[subprocess.CompletedProcess, str | None]:
 def test_the_cache_is_emptied_when_the_library_or_the_pins_change(mini_book):
     first, ran_at = _build(mini_book)
     assert first.returncode == 0 and ran_at, first.stdout + first.stderr
+    # the kernel's temporary folders were the build's, and went with it
+    (records,) = re.findall(r"records in (\S+)", (mini_book / "_build" / "html" / "probe.html").read_text())
+    assert Path(records).parent.name.startswith("guide-book-runs-") and not Path(records).parent.exists(), records
     # executed by the build's own executor, not left for jupyter-book to execute one at a time
     assert "failed: none" in first.stdout, first.stdout + first.stderr
     again, cached_at = _build(mini_book)
