@@ -50,10 +50,12 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_full_profile_dry_run_plans_the_thesis(name, tmp_path):
+def test_full_profile_dry_run_plans_the_thesis(name, tmp_path, monkeypatch):
     # papermill's own function in this process, as its command does it: one kernel per
     # notebook, without a papermill interpreter per notebook (4 CPU-s each).
     import papermill
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temporary folders go with the test's
 
     out = tmp_path / f"{name}.ipynb"
     results = tmp_path / "results"
