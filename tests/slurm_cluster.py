@@ -63,9 +63,11 @@ class Crash:
     clock: str
     status: int | None
     tail: list[str]
+    restarted: bool
 
     def __str__(self) -> str:
-        return f"{self.name} died at {self.clock} (status {self.status}): {' | '.join(self.tail)}"
+        return (f"{self.name} died at {self.clock} (status {self.status}): {' | '.join(self.tail)}; "
+                + ("restarted" if self.restarted else "left dead (it died four times)"))
 
 
 class SlurmUnavailable(Exception):
@@ -383,11 +385,12 @@ class SlurmCluster:
                 continue
             log = self.root / "log" / f"{name}.stdout"
             tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-            self.crashes.append(Crash(name, time.monotonic(), time.strftime("%H:%M:%S"), p.returncode, tail))
-            if sum(c.name == name for c in self.crashes) > 3:  # one that cannot start stays dead
+            again = sum(c.name == name for c in self.crashes) < 3  # one that cannot start stays dead
+            self.crashes.append(Crash(name, time.monotonic(), time.strftime("%H:%M:%S"), p.returncode, tail, again))
+            if again:
+                self.procs[i] = (name, self._popen(list(p.args), name, "a"))
+            else:
                 self._given_up.add(p)
-                continue
-            self.procs[i] = (name, self._popen(list(p.args), name, "a"))
 
     def _watch(self) -> None:
         """Every second while the cluster runs: restart dead daemons, sample listeners."""
@@ -536,7 +539,7 @@ def module_cluster(tmp_path_factory):
     yield c
     c.stop()
     for crash in c.crashes:  # in the run's warnings summary, also when no test failed for it
-        warnings.warn(f"test Slurm: {crash}; restarted", stacklevel=1)
+        warnings.warn(f"test Slurm: {crash}", stacklevel=1)
 
 
 def digits_archive(tmp_path_factory) -> Path:

@@ -334,7 +334,7 @@ def test_a_slurmd_that_dies_is_restarted_and_its_node_stays_up(cluster):
     while not cluster.crashes_since(since) and time.monotonic() < end:
         time.sleep(0.2)
     (crash,) = cluster.crashes_since(since)
-    assert crash.name == "slurmd-guide-n2" and crash.status == -signal.SIGABRT, crash
+    assert crash.name == "slurmd-guide-n2" and crash.status == -signal.SIGABRT and crash.restarted, crash
     cluster.crashes.remove(crash)  # made here: not one for the run's warnings (module_cluster)
     out = subprocess.run(["srun", "-N2", "-n2", "--ntasks-per-node=1", "sh", "-c", "echo $SLURMD_NODENAME"],
                          env=cluster.env, capture_output=True, text=True, timeout=120)

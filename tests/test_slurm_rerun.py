@@ -1,4 +1,5 @@
-"""tests/slurm_rerun.py: a test on the test Slurm runs once more only when a daemon of its
+"""The test Slurm's answer to a daemon that dies: tests/slurm_cluster.py restarts it (three
+times at most), and tests/slurm_rerun.py runs a test once more only when a daemon of its
 cluster died while it ran (or while its pre-submitted jobs did), and then says so."""
 
 from __future__ import annotations
@@ -75,3 +76,21 @@ def test_only_a_test_broken_by_a_daemons_crash_runs_again(tmp_path):
     assert text.count("run again: ") == 2, text  # the crash test and the twice-failing one, once each
     assert ("run again: slurmd-guide-n2 died at 08:23:15; the first run failed with Failed: Task launch failed "
             "on node guide-n2") in text, text
+
+
+def test_a_daemon_that_keeps_dying_is_restarted_three_times_then_left_dead(tmp_path):
+    """The watchdog's limit, on a stand-in daemon that exits at once (``false``): no Slurm."""
+    import slurm_cluster
+
+    cluster = slurm_cluster.SlurmCluster(tmp_path)
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "slurmd-guide-n2.stdout").write_text("malloc(): unaligned tcache chunk detected\n")
+    cluster.procs.append(("slurmd-guide-n2", subprocess.Popen(["false"])))
+    for _ in range(6):
+        for _, proc in cluster.procs:
+            proc.wait(timeout=10)
+        cluster._restart_dead()
+    assert [c.restarted for c in cluster.crashes] == [True, True, True, False], cluster.crashes
+    assert all(c.name == "slurmd-guide-n2" and c.status == 1 for c in cluster.crashes)
+    assert "malloc(): unaligned tcache chunk detected" in cluster.crashes[0].tail
+    assert str(cluster.crashes[-1]).endswith("left dead (it died four times)")
