@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import yaml
 
@@ -124,17 +125,10 @@ def execute(cache, notebooks: list[Path], timeout: int) -> list[str]:
     # A chapter run by a reader keeps its run records in a temporary folder of its own, to
     # look at afterwards; the build's kernels make theirs in one folder that goes with the
     # build (16 folders left in /tmp per build before).
-    before = os.environ.get("TMPDIR")
-    with tempfile.TemporaryDirectory(prefix="guide-book-runs-", ignore_cleanup_errors=True) as tmp:
-        os.environ["TMPDIR"] = tmp
-        try:
-            result = load_executor("local-parallel", cache, logger=logger).run_and_cache(
-                filter_pks=[r.pk for r in stale], timeout=timeout, allow_errors=False)
-        finally:
-            if before is None:
-                os.environ.pop("TMPDIR", None)
-            else:
-                os.environ["TMPDIR"] = before
+    with (tempfile.TemporaryDirectory(prefix="guide-book-runs-", ignore_cleanup_errors=True) as tmp,
+          mock.patch.dict(os.environ, TMPDIR=tmp)):
+        result = load_executor("local-parallel", cache, logger=logger).run_and_cache(
+            filter_pks=[r.pk for r in stale], timeout=timeout, allow_errors=False)
     for record in cache.list_cache_records():
         if any(record.uri == r.uri for r in stale):
             print(f"[book]   {Path(record.uri).stem}: {record.data.get('execution_seconds', 0):.0f} s")

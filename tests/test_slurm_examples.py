@@ -344,9 +344,7 @@ class Batch:
         if job.full_scratch:
             self.stack.enter_context(self.cluster.tmpfs(sub.scratch, "512k"))
         sub.submit()
-        # A second submission in a folder of its own, for a test whose first one a dying
-        # Slurm daemon broke (tests/slurm_rerun.py); what is left of the first is cancelled.
-        sub.again = lambda: self._cancel(sub) or self._submit(name, tmp.with_name(tmp.name + "_again"))
+        sub.again = lambda: self._again(name, sub)
         self.subs[name] = sub
         if job.usr1_after_epoch:
             t = threading.Thread(target=self._usr1_after_first_epoch, args=(sub,), daemon=True)
@@ -388,6 +386,12 @@ class Batch:
                 if step:
                     sub.steps[step.group(1)] = line
             time.sleep(0.5)
+
+    def _again(self, name: str, first: Submission) -> Submission:
+        """A second submission in a folder of its own, for a test whose first one a dying
+        Slurm daemon broke (tests/slurm_rerun.py); what is left of the first is cancelled."""
+        self._cancel(first)
+        return self._submit(name, first.tmp.with_name(first.tmp.name + "_again"))
 
     def _cancel(self, sub: Submission) -> None:
         for job_id in sub.ids:
