@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import NODES, hardware_layout, slurm_values
+from slurm_conf import NODES, hardware_layout, slurm_values
 
 from guide_utils.cluster import provision
 
@@ -68,7 +68,7 @@ def test_the_role_defaults_define_every_variable_the_slurm_templates_read():
     assert used - set(defaults) == set()
     values = slurm_values(root=Path("/r"), host="h", ctld_port=1, node_ports=[2, 3], layout="CPUs=2",
                          socket=Path("/r/m.sock"), first_job_id=7)
-    assert used - set(values) == set(), "tests/slurm_cluster.py gives the tests' Slurm every variable"
+    assert used - set(values) == set(), "tests/slurm_conf.py gives the tests' Slurm every variable"
     conf = provision.render("slurm.conf", values)
     assert "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in conf
     assert "NodeName=guide-n2 NodeHostname=h NodeAddr=127.0.0.1 Port=3 CPUs=2 RealMemory=4000 Gres=gpu:4" in conf

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 import slurm_cluster
+import slurm_conf
 
 from guide_utils.cluster import watchdog
 from guide_utils.runtime.ports import free_ports
@@ -135,7 +136,7 @@ def hub(test_slurm, hub_user, tmp_path):
     ports = free_ports(3)
     env = {**os.environ, "SLURM_CONF": test_slurm.env["SLURM_CONF"], "GUIDE_HUB_DIR": str(tmp_path),
            "GUIDE_HUB_PORTS": ",".join(map(str, ports)), "GUIDE_HUB_USER": hub_user[0],
-           "GUIDE_HUB_NODES": ",".join(slurm_cluster.NODES), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+           "GUIDE_HUB_NODES": ",".join(slurm_conf.NODES), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     log = open(tmp_path / "jupyterhub.log", "w")
     proc = subprocess.Popen([str(BIN / "jupyterhub"), "-f", str(REPO / "tests/jupyterhub_config.py")], env=env,
                             cwd="/", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

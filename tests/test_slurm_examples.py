@@ -26,9 +26,12 @@ from pathlib import Path
 import pytest
 
 import slurm_cluster
+import slurm_conf
 
 from guide_utils.core.records import read_run
-from slurm_cluster import LOOPBACK, NODES, SlurmCluster, start_or_skip
+from slurm_cluster import SlurmCluster, start_or_skip
+from slurm_conf import NODES
+from slurm_sockets import LOOPBACK
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm_examples"
@@ -472,7 +475,7 @@ def test_concurrent_test_slurms_derive_disjoint_ports_from_their_job_ids(monkeyp
     ports = []
     for worker in ("gw0", "gw1", "gw2", "gw3"):
         monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-        first = slurm_cluster.first_job_id()
+        first = slurm_conf.first_job_id()
         ids = range(first, first + 1000)
         ports.append({20000 + i % 10000 for i in ids} | {21000 + i % 10000 for i in ids})
     assert all(not (a & b) for k, a in enumerate(ports) for b in ports[k + 1:])
@@ -670,7 +673,7 @@ def test_a_full_scratch_disk_fails_the_job_at_staging(jobs, archive):
     assert "guide_utils.train" not in log  # the training never started
 
 
-# Listeners whose address the software hard-codes to "any" (see slurm_cluster.listener_kind):
+# Listeners whose address the software hard-codes to "any" (see slurm_sockets.listener_kind):
 # reported, not fixable by configuration. Everything else must be on loopback.
 HARD_CODED_ANY = {"openmpi", "horovodrun", "torch-store", "tensorflow"}
 
