@@ -96,6 +96,7 @@ def namespace_pids(holder: int) -> list[int]:
                 pass
     return pids
 
+
 def listening_sockets(pids: list[int]) -> list[tuple[str, int, str, int]]:
     """(command, pid, address, port) of every listening TCP socket of ``pids``."""
     listeners = _tcp_listeners()
