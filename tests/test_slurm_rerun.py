@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import slurm_cluster
+
 INNER = '''
 import time
 
@@ -80,8 +82,6 @@ def test_only_a_test_broken_by_a_daemons_crash_runs_again(tmp_path):
 
 def test_a_daemon_that_keeps_dying_is_restarted_three_times_then_left_dead(tmp_path):
     """The watchdog's limit, on a stand-in daemon that exits at once (``false``): no Slurm."""
-    import slurm_cluster
-
     cluster = slurm_cluster.SlurmCluster(tmp_path)
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "slurmd-guide-n2.stdout").write_text("malloc(): unaligned tcache chunk detected\n")
