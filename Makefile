@@ -29,7 +29,7 @@ book: setup-book
 # tests/slurm_cluster.py first_job_id). The slowest tests, by wall and by CPU time, are
 # listed at the end.
 test: setup
-	$(VENV)/bin/python -m pytest tests src --doctest-modules -p no:cacheprovider -n auto --maxprocesses=4 --durations=25 --cpu-durations=25
+	$(VENV)/bin/python -m pytest tests src --doctest-modules -p no:cacheprovider -n auto --maxprocesses=4 --durations=25 --cpu-durations=25 --host-speed
 
 # The guide's OCI image (chapter 15), built with podman as root; reused while its inputs stay
 # the same. tests/test_container_image.py builds it too when it is missing.

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import host_speed
 # A test broken by a Slurm daemon's crash runs once more (see there).
 from slurm_rerun import pytest_runtest_call  # noqa: F401
 
@@ -220,6 +221,9 @@ def built_book(request) -> Path:
 def pytest_addoption(parser):
     parser.addoption("--cpu-durations", type=int, default=0, metavar="N",
                      help="list the N tests that used the most CPU time (with their children)")
+    parser.addoption("--host-speed", action="store_true",
+                     help="report the machine's busy CPU time over the session and a reference step's "
+                          "time at its start and end (tests/host_speed.py)")
 
 
 def _cpu_seconds() -> float:
@@ -277,7 +281,27 @@ def _timeline(terminalreporter) -> None:
             terminalreporter.write_line(f"{worker:5} {start - zero:7.0f} {stop - zero:7.0f}  {path}")
 
 
+_HOST: dict = {}
+
+
+def pytest_sessionstart(session):
+    if session.config.getoption("--host-speed") and _controller(session.config):
+        _HOST.update(busy=host_speed.busy_seconds(), wall=time.monotonic(), step=host_speed.step_ms())
+
+
+def _host_report(terminalreporter) -> None:
+    busy, steal = (now - then for now, then in zip(host_speed.busy_seconds(), _HOST["busy"]))
+    wall, cores = time.monotonic() - _HOST["wall"], os.cpu_count() or 1
+    terminalreporter.section("this machine during the session (tests/host_speed.py)")
+    terminalreporter.write_line(f"{busy:,.0f} CPU-s busy in {wall:,.0f} s on {cores} cores "
+                                f"({busy / (wall * cores):.0%}), {steal:,.0f} s stolen by the host")
+    terminalreporter.write_line(f"reference step (MNIST-1D CNN, batch 1024, 1 thread): {_HOST['step']} at the "
+                                f"start, {host_speed.step_ms()} at the end")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _HOST:
+        _host_report(terminalreporter)
     if "took" in _BOOK:
         terminalreporter.write_line(f"the book build (every notebook once, beside the tests): {_BOOK['took']}")
     _timeline(terminalreporter)
