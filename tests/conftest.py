@@ -286,7 +286,10 @@ _HOST: dict = {}
 
 def pytest_sessionstart(session):
     if session.config.getoption("--host-speed") and _controller(session.config):
-        _HOST.update(busy=host_speed.busy_seconds(), wall=time.monotonic(), step=host_speed.step_ms())
+        try:  # a machine without /proc/stat gets no report, and the session runs as usual
+            _HOST.update(busy=host_speed.busy_seconds(), wall=time.monotonic(), step=host_speed.step_ms())
+        except (OSError, ValueError) as exc:
+            print(f"--host-speed: no report on this machine ({exc})")
 
 
 def _host_report(terminalreporter) -> None:

@@ -52,12 +52,12 @@ def busy_seconds(stat: str | None = None) -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / hz, steal / hz
 
 
-def step_ms(env: dict[str, str] | None = None, timeout: float = 120) -> str:
+def step_ms(timeout: float = 120) -> str:
     """The median CPU time of the reference step in a fresh process, as text ("41.2 ms"),
     or why it could not be measured; never raises."""
     try:
         out = subprocess.run([sys.executable, "-c", _STEP], capture_output=True, text=True, timeout=timeout,
-                             env={**(env or os.environ), "OMP_NUM_THREADS": "1"})
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"not measured ({type(exc).__name__})"
     if out.returncode != 0:
