@@ -8,6 +8,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -370,6 +372,47 @@ def test_the_warning_reaches_the_engines_processes_and_not_their_launchers():
         "python -m guide_utils task-probe ": False,
     }
     assert {line: bool(re.search(pattern, line)) for line in cmdlines} == cmdlines
+
+
+FAKE_ENGINE = """\
+import pathlib, signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *_: pathlib.Path(sys.argv[1]).write_text("USR1"))
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_warning_scan_signals_this_jobs_engines_only_and_starts_no_program(tmp_path):
+    """guide_signal_training on one node (srun replaced by a function that runs its command
+    here): of three real processes, it signals the one whose command line is the engine's and
+    whose environment is this job's, not the engine of another job nor another module of this
+    one. Its per-node scan runs with no program on PATH: it starts none per process, so a node
+    with hundreds of processes is scanned in time (a `tr | grep` each once took longer than
+    the warning left, and the training ended unwarned)."""
+    (tmp_path / "guide_utils").mkdir()  # a stand-in package, imported with -S (no site-packages)
+    for module in ("train", "trainer"):
+        (tmp_path / "guide_utils" / f"{module}.py").write_text(FAKE_ENGINE)
+    procs = {}
+    try:
+        for name, job, module in (("engine", "77", "train"), ("other_job", "78", "train"), ("other", "77", "trainer")):
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-S", "-m", f"guide_utils.{module}", str(tmp_path / name)], stdout=subprocess.PIPE,
+                text=True, env={**os.environ, "PYTHONPATH": str(tmp_path), "SLURM_JOB_ID": job})
+        for proc in procs.values():
+            assert proc.stdout.readline() == "ready\n"
+        empty = tmp_path / "no-programs"
+        empty.mkdir()
+        stub = f'srun() {{ while [[ $1 == -* ]]; do shift; done; PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}'
+        _source_guide_plain(f"{stub}\nguide_signal_training USR1", SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1")
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "engine").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # time for a wrong signal to land too
+        assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["engine"]
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
 
 
 def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_image():

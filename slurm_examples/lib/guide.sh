@@ -427,18 +427,26 @@ GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf
 
 # Send a signal to this job's training processes on every node, whatever started them: srun
 # and mpirun pass a USR1 on to their tasks, but torchrun and horovodrun would die of it (or
-# end their workers with a grace of seconds). A step of one task per node finds them by the
-# job id in their environment and by their command line: GUIDE_SIGNAL_MATCH, an extended
-# regular expression matched against it (arguments joined by spaces), by default the guide's
-# own training processes (GUIDE_ENGINE_MATCH); 16_your_own_script.sbatch sets it from the
-# reader's command (guide_command_match). --overlap lets the step run beside the training step.
+# end their workers with a grace of seconds). A step of one task per node finds them by their
+# command line and by the job id in their environment: GUIDE_SIGNAL_MATCH, an extended
+# regular expression matched against the command line (arguments joined by spaces), by
+# default the guide's own training processes (GUIDE_ENGINE_MATCH); 16_your_own_script.sbatch
+# sets it from the reader's command (guide_command_match). --overlap lets the step run beside
+# the training step. The scan starts no program per process: on a loaded node with hundreds of
+# processes, a `tr | grep` for each took longer than the warning leaves (the training ended
+# unwarned), where bash's own `read` and `[[ =~ ]]` take well under a second.
 guide_signal_training() {
     # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
         --cpus-per-task=1 --gres=none bash -c '
         for d in /proc/[0-9]*; do  # (2>/dev/null first: it also silences a process gone or not ours)
-            tr "\0" "\n" 2>/dev/null <"$d/environ" | grep -qx "SLURM_JOB_ID=$2" || continue
-            tr "\0" " " 2>/dev/null <"$d/cmdline" | grep -Eq -- "$3" && kill "-$1" "${d#/proc/}" 2>/dev/null
+            words=() env=()
+            while IFS= read -r -d "" w || [[ -n $w ]]; do words+=("$w"); done 2>/dev/null <"$d/cmdline"
+            [[ ${words[*]:-} =~ $3 ]] || continue
+            while IFS= read -r -d "" w || [[ -n $w ]]; do env+=("$w"); done 2>/dev/null <"$d/environ"
+            for w in ${env[@]+"${env[@]}"}; do
+                [[ $w == "SLURM_JOB_ID=$2" ]] && { kill "-$1" "${d#/proc/}" 2>/dev/null; break; }
+            done
         done
         exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" ||
         echo "== could not signal every node (srun exit $?)" >&2
