@@ -425,12 +425,21 @@ def jobs(batch, request) -> Submission:
     return batch.get(request.node.name)
 
 
+def _warned(jobs: Submission) -> str:
+    """The job was warned while it trained, and each node's warning step signalled at least
+    one training process (it prints how many); the job's log."""
+    log = jobs.log()
+    assert jobs.usr1_sent, f"the job finished before it could be warned\n{log[-3000:]}"
+    sent = [int(n) for n in re.findall(r"^== [\w.-]+: USR1 sent to (\d+) training process\(es\)$", log, re.M)]
+    assert sent and min(sent) >= 1, f"the warning reached no training process\n{log[-3000:]}"
+    return log
+
+
 def _requeued_and_resumed(jobs: Submission, records: list[dict], run) -> None:
     """Warned once (USR1 after the first epoch): the training processes checkpointed, the job
     requeued itself and the next start resumed, in one run record."""
-    assert jobs.usr1_sent, f"the job finished before it could be warned\n{jobs.log(3000)}"
-    assert all(int(r["Restarts"]) >= 1 for r in records), f"the job was never requeued\n{jobs.log(3000)}"
-    log = jobs.log()
+    log = _warned(jobs)
+    assert all(int(r["Restarts"]) >= 1 for r in records), f"the job was never requeued\n{log[-3000:]}"
     assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log, \
         log[-3000:]
     assert [e for e in run.events if e["type"] == "resume"], "no resume recorded"
@@ -520,9 +529,8 @@ def test_single_gpu_baseline_requeues_when_warned_and_finishes(jobs):
     arrives after the first epoch: the run must checkpoint, requeue itself, resume and
     still end with every epoch."""
     (record,) = jobs.wait_completed()
-    assert jobs.usr1_sent, f"the job finished before it could be warned\n{jobs.log(3000)}"
-    assert int(record["Restarts"]) >= 1, f"the job was never requeued\n{jobs.log(3000)}"
-    log = jobs.log()
+    log = _warned(jobs)
+    assert int(record["Restarts"]) >= 1, f"the job was never requeued\n{log[-3000:]}"
     assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log
     assert "stack usable: not checked (--quick) (for --framework pytorch --dist none)" in log  # GUIDE_DOCTOR=quick
     (run,) = jobs.runs()  # one record, continued across restarts
@@ -869,8 +877,8 @@ def test_your_own_script(jobs, dist):
                        for step, lr in lrs.items()), lrs
     assert "== note: the command does not mention {checkpoints}" not in log and "[train]" not in log
     if jobs.job.usr1_after_epoch:
-        assert jobs.usr1_sent, f"the job finished before it could be warned\n{jobs.log(3000)}"
-        assert all(int(r["Restarts"]) >= 1 for r in records), f"the job was never requeued\n{jobs.log(3000)}"
+        _warned(jobs)
+        assert all(int(r["Restarts"]) >= 1 for r in records), f"the job was never requeued\n{log[-3000:]}"
         assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log, \
             log[-3000:]
         assert re.search(r"^resuming from \S+/ckpt\.pt at step [1-9]\d*$", log, re.M), log[-3000:]

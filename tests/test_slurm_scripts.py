@@ -403,7 +403,9 @@ def test_the_warning_scan_signals_this_jobs_engines_only_and_starts_no_program(t
         empty = tmp_path / "no-programs"
         empty.mkdir()
         stub = f'srun() {{ while [[ $1 == -* ]]; do shift; done; PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}'
-        _source_guide_plain(f"{stub}\nguide_signal_training USR1", SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1")
+        out, _ = _source_guide_plain(f"{stub}\nguide_signal_training USR1", SLURM_JOB_ID="77",
+                                     SLURM_JOB_NUM_NODES="1", SLURMD_NODENAME="node7")
+        assert out == "== node7: USR1 sent to 1 training process(es)\n"  # what the job log says
         deadline = time.monotonic() + 30
         while not (tmp_path / "engine").exists() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -439,15 +439,18 @@ guide_signal_training() {
     # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
         --cpus-per-task=1 --gres=none bash -c '
+        n=0
         for d in /proc/[0-9]*; do  # (2>/dev/null first: it also silences a process gone or not ours)
             words=() env=()
             while IFS= read -r -d "" w || [[ -n $w ]]; do words+=("$w"); done 2>/dev/null <"$d/cmdline"
             [[ ${words[*]:-} =~ $3 ]] || continue
             while IFS= read -r -d "" w || [[ -n $w ]]; do env+=("$w"); done 2>/dev/null <"$d/environ"
             for w in ${env[@]+"${env[@]}"}; do
-                [[ $w == "SLURM_JOB_ID=$2" ]] && { kill "-$1" "${d#/proc/}" 2>/dev/null; break; }
+                [[ $w == "SLURM_JOB_ID=$2" ]] && { kill "-$1" "${d#/proc/}" 2>/dev/null && n=$((n + 1)); break; }
             done
         done
+        # What the job log shows: none found means the match does not fit the training command.
+        echo "== ${SLURMD_NODENAME:-${HOSTNAME%%.*}}: $1 sent to $n training process(es)"
         exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" ||
         echo "== could not signal every node (srun exit $?)" >&2
 }
