@@ -91,10 +91,12 @@ if [[ ! -x "$VENV/bin/python" ]]; then
         say "creating $VENV with $PYTHON"
         "$PYTHON" -m venv "$VENV"
     else
-        # A candidate that cannot make a venv (Debian without python3.11-venv) is passed over.
+        # A candidate that cannot make a venv (Debian without python3.11-venv), or older than
+        # 3.11.2 (Ubuntu 22.04's is a 3.11.0 release candidate), is passed over.
         for PYTHON in "${PYTHON_CANDIDATES[@]}" ""; do
-            [[ -n $PYTHON ]] || die "no python3.11 that can create a venv; install python3.11-venv or set PYTHON=/path/to/python3.11"
+            [[ -n $PYTHON ]] || die "no python3.11 (3.11.2 or newer) that can create a venv; install python3.11-venv or set PYTHON=/path/to/python3.11"
             command -v "$PYTHON" >/dev/null || continue
+            "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11, 2))' 2>/dev/null || continue
             if "$PYTHON" -m venv "$VENV" 2>/dev/null; then
                 say "created $VENV with $PYTHON ($("$PYTHON" -V 2>&1))"
                 break
