@@ -17,12 +17,21 @@ cd "$repo"
 
 # Absolute: the Horovod build runs CMake from its own directory.
 VENV=$(realpath -m "${VENV:-$repo/.venv}")
-# The interpreter, when PYTHON does not name one: the distribution's python3.11 first, then
-# python3.11 on PATH (below). Debian builds its interpreter with PGO and LTO, pyenv by default
-# with neither (and as a shared library); measured on the 2-core CI machine, importing torch took
-# 13 % and a smoke training 10 % less CPU under Debian's, and every test, job and notebook
-# starts Python.
-PYTHON_CANDIDATES=(/usr/bin/python3.11 python3.11)
+# The interpreter, when PYTHON does not name one: python3.11 on PATH, unless it was built
+# without profile-guided optimization (pyenv's default: no --enable-optimizations, and a
+# shared libpython) while the distribution has its own /usr/bin/python3.11, which Debian
+# builds with PGO and LTO. Measured on the 2-core CI machine (pyenv's 3.11.7 against Debian's
+# 3.11.2): importing torch took 13 % and a smoke training 10 % less CPU under Debian's, and
+# every test, job and notebook starts Python.
+unoptimized() {
+    "$1" -c 'import sys, sysconfig
+sys.exit(sys.executable.startswith("/usr/bin/")
+         or "--enable-optimizations" in (sysconfig.get_config_var("CONFIG_ARGS") or ""))' 2>/dev/null
+}
+PYTHON_CANDIDATES=(python3.11 /usr/bin/python3.11)
+if command -v python3.11 >/dev/null && unoptimized python3.11; then
+    PYTHON_CANDIDATES=(/usr/bin/python3.11 python3.11)
+fi
 HOROVOD_VERSION=0.28.1
 # What a set-up is for: "test" (the default) installs everything the tests use; "book" only
 # what executing the notebooks and reading the built pages needs, so that a reader who wants
@@ -39,9 +48,10 @@ esac
 # cmake_minimum_required), a C++ compiler, and Chromium with its WebDriver, in which
 # `make book` reads every page of the built book.
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make chromium chromium-driver)
-# The distribution's Python, which the venv prefers (above), needs its venv module and, for
-# Horovod's build, its headers.
-[[ -x /usr/bin/python3.11 ]] && APT_PACKAGES+=(python3.11-venv libpython3.11-dev)
+# The distribution's Python, when the venv is to use it (above), needs its venv module and,
+# for Horovod's build, its headers.
+[[ -z ${PYTHON:-} && -x /usr/bin/python3.11 && $(command -v "${PYTHON_CANDIDATES[0]}") == /usr/bin/python3.11 ]] &&
+    APT_PACKAGES+=(python3.11-venv libpython3.11-dev)
 # For the tests as well: the ShellCheck linter for the sbatch examples, Slurm + munge, which
 # the tests start as a two-node cluster on this machine to run every sbatch example; podman
 # with runc and mmdebstrap, which build and run the guide's OCI image
