@@ -42,3 +42,23 @@ def test_a_wrong_option_is_one_line_and_changes_nothing(args, tmp_path):
                           env={"PATH": "/usr/bin:/bin", "VENV": str(tmp_path / "venv")})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("[setup] error:")
     assert not (tmp_path / "venv").exists()
+
+
+def _candidates(path: str) -> list[str]:
+    """The interpreters the set-up would try for a new venv, in order, with this PATH."""
+    text = SETUP.read_text()
+    block = text[text.index("unoptimized() {"):text.index("HOROVOD_VERSION=")]
+    out = subprocess.run(["bash", "-c", f'{block}\necho "${{PYTHON_CANDIDATES[@]}}"'], capture_output=True,
+                         text=True, check=True, env={"PATH": path})
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3.11").exists(), reason="no distribution python3.11 here")
+def test_the_venv_prefers_the_distributions_python_over_a_build_without_pgo(tmp_path):
+    """python3.11 on PATH is used as it is when it is the distribution's; one that reports no
+    --enable-optimizations in its build (pyenv's default; a venv's python stands in for it:
+    it lives outside /usr/bin and carries its base's build flags, which Debian strips) comes
+    after /usr/bin/python3.11."""
+    assert _candidates("/usr/bin:/bin") == ["python3.11", "/usr/bin/python3.11"]
+    subprocess.run(["/usr/bin/python3.11", "-m", "venv", "--without-pip", str(tmp_path / "v")], check=True)
+    assert _candidates(f"{tmp_path / 'v' / 'bin'}:/usr/bin:/bin") == ["/usr/bin/python3.11", "python3.11"]
