@@ -21,8 +21,9 @@ VENV=$(realpath -m "${VENV:-$repo/.venv}")
 # without profile-guided optimization (pyenv's default: no --enable-optimizations, and a
 # shared libpython) while the distribution has its own /usr/bin/python3.11, which Debian
 # builds with PGO and LTO. Measured on the 2-core CI machine (pyenv's 3.11.7 against Debian's
-# 3.11.2): importing torch took 13 % and a smoke training 10 % less CPU under Debian's, and
+# 3.11.2): importing torch took 14 % and a smoke training 9 % less CPU under Debian's, and
 # every test, job and notebook starts Python.
+# Succeeds (exit 0) for a build outside /usr/bin that reports no --enable-optimizations.
 unoptimized() {
     "$1" -c 'import sys, sysconfig
 sys.exit(sys.executable.startswith("/usr/bin/")
