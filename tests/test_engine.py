@@ -221,6 +221,34 @@ def test_two_workers_end_with_identical_weights(tmp_path, launcher):
     assert records[0]["config"]["peak_lr"] == pytest.approx(0.025)
 
 
+# Rank 1 arrives 2 s late at an allreduce; rank 0 reports what waiting for it cost.
+LATE_PEER = """
+import json, time, torch
+from guide_utils.engine import distributed
+dist = distributed.init("horovod")
+if dist.rank == 1:
+    time.sleep(2)
+wall, cpu = time.monotonic(), time.process_time()
+dist.allreduce_mean(torch.ones(1))
+print(json.dumps({"rank": dist.rank, "wall": time.monotonic() - wall, "cpu": time.process_time() - cpu}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_horovod_rank_on_the_cpu_waits_for_a_late_peer_without_spinning(tmp_path):
+    """Horovod's own wait polls and yields in a loop, a core's worth of CPU for as long as the
+    late rank takes (the 2 s here); on CPUs, which ranks may share, the engine's sleeps
+    (engine.hvd_wait). The CPU time counts Horovod's background thread too."""
+    proc = subprocess.run([*LAUNCHERS["horovod-gloo"](2), PY, "-c", LATE_PEER], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = {r["rank"]: r for r in (json.loads(line.split(">:", 1)[-1]) for line in proc.stdout.splitlines()
+                                      if '"rank"' in line)}
+    waited = reports[0]
+    assert waited["wall"] > 1.5 and waited["cpu"] < 0.25 * waited["wall"], reports
+
+
 def _worker_pids(launcher_pid: int) -> dict[int, int]:
     """rank -> pid of the training processes started under the launcher."""
     import psutil

@@ -19,6 +19,7 @@ from typing import Any
 from ..core.errors import GuideError
 from ..runtime.gpus import device_index
 from ..runtime import launchers
+from . import hvd_wait
 
 KINDS = ("none", "horovod", "ddp")
 GPU_BACKEND = "nccl"  # RCCL on ROCm builds of PyTorch, under the same name
@@ -190,7 +191,10 @@ def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float
         hvd.shutdown()
         raise
     local_rank = hvd.local_rank()
-    return Dist("horovod", hvd.rank(), hvd.size(), local_rank, hvd.local_size(), _pick_device(local_rank), hvd)
+    device = _pick_device(local_rank)
+    if device.type == "cpu":  # ranks may share cores: a waiting rank must not spin (hvd_wait)
+        hvd_wait.sleep_while_waiting()
+    return Dist("horovod", hvd.rank(), hvd.size(), local_rank, hvd.local_size(), device, hvd)
 
 
 def _init_ddp() -> Dist:
