@@ -17,22 +17,14 @@ cd "$repo"
 
 # Absolute: the Horovod build runs CMake from its own directory.
 VENV=$(realpath -m "${VENV:-$repo/.venv}")
-# The interpreter, when PYTHON does not name one: python3.11 on PATH, unless it was built
-# without profile-guided optimization (pyenv's default: no --enable-optimizations, and a
-# shared libpython) while the distribution has its own /usr/bin/python3.11, which Debian
-# builds with PGO and LTO. Measured on the 2-core CI machine (pyenv's 3.11.7 against Debian's
-# 3.11.2): importing torch took 14 % and a smoke training 9 % less CPU under Debian's, and
-# every test, job and notebook starts Python.
-# Succeeds (exit 0) for a build outside /usr/bin that reports no --enable-optimizations.
-unoptimized() {
-    "$1" -c 'import sys, sysconfig
-sys.exit(sys.executable.startswith("/usr/bin/")
-         or "--enable-optimizations" in (sysconfig.get_config_var("CONFIG_ARGS") or ""))' 2>/dev/null
-}
+# The interpreter, when PYTHON does not name one: python3.11 on PATH, else the distribution's.
+# Not the distribution's first, although Debian builds it with PGO and LTO and a pyenv build
+# without --enable-optimizations is slower (torch's import took 14 % and a smoke training 9 %
+# more CPU under pyenv's 3.11.7 than under Debian's 3.11.2 on the 2-core CI machine): under
+# Debian's, 2 of 6 fresh-clone CI runs lost rank 0 of an srun --mpi=pmix Horovod job to a
+# segmentation fault at start-up (a call through a null pointer), against none in 15 runs
+# under pyenv's (docs/setup.md). PYTHON=/usr/bin/python3.11 chooses it anyway.
 PYTHON_CANDIDATES=(python3.11 /usr/bin/python3.11)
-if command -v python3.11 >/dev/null && unoptimized python3.11; then
-    PYTHON_CANDIDATES=(/usr/bin/python3.11 python3.11)
-fi
 HOROVOD_VERSION=0.28.1
 # What a set-up is for: "test" (the default) installs everything the tests use; "book" only
 # what executing the notebooks and reading the built pages needs, so that a reader who wants
@@ -51,7 +43,7 @@ esac
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make chromium chromium-driver)
 # The distribution's Python, when the venv is to use it (above), needs its venv module and,
 # for Horovod's build, its headers.
-[[ -z ${PYTHON:-} && -x /usr/bin/python3.11 && $(command -v "${PYTHON_CANDIDATES[0]}") == /usr/bin/python3.11 ]] &&
+[[ -x /usr/bin/python3.11 && $(command -v "${PYTHON:-${PYTHON_CANDIDATES[0]}}") == /usr/bin/python3.11 ]] &&
     APT_PACKAGES+=(python3.11-venv libpython3.11-dev)
 # For the tests as well: the ShellCheck linter for the sbatch examples, Slurm + munge, which
 # the tests start as a two-node cluster on this machine to run every sbatch example; podman
