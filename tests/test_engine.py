@@ -221,16 +221,17 @@ def test_two_workers_end_with_identical_weights(tmp_path, launcher):
     assert records[0]["config"]["peak_lr"] == pytest.approx(0.025)
 
 
-# Rank 1 arrives 2 s late at an allreduce; rank 0 reports what waiting for it cost.
+# Rank 1 arrives 2 s late at an allreduce; rank 0 reports what waiting for it cost its own
+# thread (the one that waits: Horovod's background thread works on either way).
 LATE_PEER = """
 import json, time, torch
 from guide_utils.engine import distributed
 dist = distributed.init("horovod")
 if dist.rank == 1:
     time.sleep(2)
-wall, cpu = time.monotonic(), time.process_time()
+wall, cpu = time.monotonic(), time.thread_time()
 dist.allreduce_mean(torch.ones(1))
-print(json.dumps({"rank": dist.rank, "wall": time.monotonic() - wall, "cpu": time.process_time() - cpu}))
+print(json.dumps({"rank": dist.rank, "wall": time.monotonic() - wall, "cpu": time.thread_time() - cpu}))
 """
 
 
@@ -239,14 +240,15 @@ print(json.dumps({"rank": dist.rank, "wall": time.monotonic() - wall, "cpu": tim
 def test_a_horovod_rank_on_the_cpu_waits_for_a_late_peer_without_spinning(tmp_path):
     """Horovod's own wait polls and yields in a loop, a core's worth of CPU for as long as the
     late rank takes (the 2 s here); on CPUs, which ranks may share, the engine's sleeps
-    (engine.hvd_wait). The CPU time counts Horovod's background thread too."""
+    (engine.hvd_wait). Horovod's own wait took 2.2 CPU-s of the 2 s on the quiet CI machine;
+    on a loaded one a spinning thread gets less of a core, so only the bound is checked."""
     proc = subprocess.run([*LAUNCHERS["horovod-gloo"](2), PY, "-c", LATE_PEER], capture_output=True, text=True,
                           timeout=TIMEOUT, env=child_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     reports = {r["rank"]: r for r in (json.loads(line.split(">:", 1)[-1]) for line in proc.stdout.splitlines()
                                       if '"rank"' in line)}
     waited = reports[0]
-    assert waited["wall"] > 1.5 and waited["cpu"] < 0.25 * waited["wall"], reports
+    assert waited["wall"] > 1.5 and waited["cpu"] < 0.1 * waited["wall"], reports
 
 
 def _worker_pids(launcher_pid: int) -> dict[int, int]:
