@@ -6,8 +6,9 @@ polls the handle and calls ``sched_yield`` until the operation is done: a waitin
 its core busy. With a core per rank that costs only power. Where ranks share cores (two
 workers on a laptop beside Jupyter, a CI machine running tests side by side) the spinning
 rank takes CPU time from the peer it waits for, so both finish later: with two busy loops
-beside two Horovod ranks on two cores, 4 smoke epochs took 1.0-1.3 CPU-s more per rank
-with the spin than with this wait, and the last epoch ran at a third of the rate.
+beside two Horovod ranks on two cores, 4 smoke epochs took 1.0-1.5 CPU-s more per rank
+with the spin than with this wait (two runs each), and the last epoch ran at a quarter to a
+third of the rate.
 
 ``sleep_while_waiting`` replaces the wait in Horovod's modules with one that asks
 ``hvd.poll`` (Horovod's public "is it done?") and sleeps between asks, from 10 us up to
