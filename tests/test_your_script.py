@@ -220,7 +220,7 @@ def _start(launcher: str, name: str, cwd: Path) -> list[subprocess.Popen]:
         env = child_env(**QUIET, **extra)
         for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(var, None)
-        out = open(cwd / f"out{i}.txt", "w+")
+        out = open(cwd / f"out{i}.txt", "w")
         procs.append(subprocess.Popen(_command(launcher, name), cwd=cwd, env=env, stdout=out,
                                       stderr=subprocess.STDOUT, start_new_session=True))
         procs[-1].out = out
@@ -228,11 +228,10 @@ def _start(launcher: str, name: str, cwd: Path) -> list[subprocess.Popen]:
 
 
 def _output(procs: list[subprocess.Popen]) -> str:
-    texts = []
-    for p in procs:
-        p.out.seek(0)
-        texts.append(p.out.read())
-    return "\n".join(texts)
+    # Read through a file object of our own: seeking the one the process writes through would
+    # move the offset it shares with the process, whose next writes then overwrite the start
+    # of its output (lines the test waits for could vanish).
+    return "\n".join(Path(p.out.name).read_text() for p in procs)
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float = TIMEOUT) -> tuple[list[int], str]:
