@@ -191,13 +191,14 @@ JOBS: dict[str, Job] = {
     "test_a_site_profile_runs_on_fake_gpus[perlmutter-like]":
         Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun-ddp"}, like="perlmutter-like",
             broken_horovod=True),
-    # The arrays run on one node (two workers per task): what they add to 03 is the array,
-    # one run per task; their srun --mpi line is 03's, which runs on both nodes.
+    # The arrays run on one node, one worker per array task: what they add to 03 is the array,
+    # one run per array task (several workers per job, the srun --mpi line, both nodes: 03's).
     # Two tasks of each array (the first and the last: --array on the command line overrides
     # the script's), enough to show that the task id picks the run.
     # 05 runs DDP (DIST=ddp) with a broken Horovod: no script needs Horovod.
     **{f"test_job_array_writes_one_record_per_task[{script[:2]}]":
        Job(script, sbatch=("--nodes=1", f"--array=0,{len(tasks) - 1}"), train=("--epochs", "1", *SHORT),
+           profile="GUIDE_TASKS_PER_NODE=1\n",
            env={"DIST": "ddp"} if script.startswith("05") else {}, broken_horovod=script.startswith("05"))
        for script, tasks in ARRAYS.items()},
 }
@@ -595,6 +596,7 @@ def test_job_array_writes_one_record_per_task(jobs, script):
         _finished(run, 1)
     got = sorted((r.config["per_worker_batch"], r.config["lr_scaling"], r.config["warmup"]) for r in runs)
     assert got == expected
+    assert {r.environment["workers"] for r in runs} == {1}  # the profile's one task per node
     assert {r.config["dist"] for r in runs} == {jobs.job.env.get("DIST", "horovod")}
 
 
