@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from guide_utils.core.config import make_config
+from guide_utils.core.errors import GuideError
 from guide_utils.studies.experiments import EXPERIMENTS, SMOKE_WARMUP, plan, runs
 from guide_utils.core.records import read_runs
 from guide_utils.core.scaling import global_batch, scaled_lr
@@ -209,6 +210,22 @@ def test_launch_runs_a_two_worker_smoke_run(tmp_path, dist):
     assert run.path == path and run.config["workers"] == 2 and run.config["dist"] == dist
     assert run.summary["ranks_agree"] and len(run.summary["weights_digests"]) == 2
     assert run.epochs["images_per_second"].iloc[-1] > 0
+
+
+def test_a_full_run_larger_than_this_nodes_gpus_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """A notebook at the full profile on one node (09_notebook_batch.sbatch): a run of more
+    workers than the node has GPUs would put several ranks on each GPU (or run out of memory
+    hours in); it stops with one line naming the job to submit instead, and starts nothing."""
+    import torch
+
+    from guide_utils.studies.experiments import launch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    [(i, run, command)] = [p for p in plan("exp5", "full") if p[1].workers == 32][:1]
+    with pytest.raises(GuideError, match=r"needs 32 worker\(s\) with a GPU each, but this node has 4; submit it as a "
+                                         r"job instead: ") as err:
+        launch("exp5", i, "full", results_dir=str(tmp_path))
+    assert command in str(err.value) and not list(tmp_path.iterdir())
 
 
 def test_an_experiment_run_is_a_point_of_the_experiments_study():

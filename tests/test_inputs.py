@@ -112,11 +112,44 @@ def test_input_dtype_and_loader_workers_defaults():
     assert resolve_input_dtype("auto", "synthetic", "cpu") == "float32"  # CPU results unchanged
     with pytest.raises(GuideError, match="--input-dtype uint8 is for images"):
         build_data("digits", input_dtype="uint8")
-    # bound by Slurm to 8 of 64 CPUs: its own 8; torchrun's 4 ranks on all 16: 4 each; less one
-    assert default_loader_workers(4, "cuda", cpus=8, node_cpus=64) == 7
-    assert default_loader_workers(4, "cuda", cpus=16, node_cpus=16) == 3
-    assert default_loader_workers(1, "cuda", cpus=128, node_cpus=128) == 16
-    assert default_loader_workers(1, "cpu", cpus=2, node_cpus=2) == 4  # the CPU default is unchanged
+    # the rank's share of CPUs less one for itself, at most 16; on a CPU 4 (unchanged)
+    assert [default_loader_workers("cuda", n) for n in (8, 4, 128, 1)] == [7, 3, 16, 1]
+    assert default_loader_workers("cpu", 2) == 4
+
+
+# The CPU sets a cluster gives a node's ranks, by launcher: (launcher's environment, the
+# affinity each rank sees, the share each rank may count on). A cgroup that limits the job to
+# part of the node is invisible to os.cpu_count(), so the share never depends on it.
+SHARES = {
+    # srun binds each task to its own --cpus-per-task: the rank's mask is its own
+    "srun, bound": ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+                     "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_CPUS_PER_TASK": "7", "SLURM_JOB_ID": "1"}, 7, 7),
+    # a site without task/affinity: every task sees the step's CPUs, the job asked 7 per task
+    "srun, unbound": ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+                       "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "7", "SLURM_JOB_ID": "1"}, 28, 7),
+    # LUMI-like: one torchrun per node on the union of 8 GCDs' masks, 56 CPUs for 8 ranks
+    "torchrun in an srun step": ({"SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "56", "SLURM_JOB_ID": "1",
+                                  "SLURM_NODEID": "0", "TORCHELASTIC_RUN_ID": "1", "RANK": "3", "WORLD_SIZE": "8",
+                                  "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8"}, 56, 7),
+    # two GPUs of a shared 40-core node, 20 CPUs in the job's cgroup, torchrun without Slurm
+    "torchrun alone": ({"TORCHELASTIC_RUN_ID": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                        "LOCAL_WORLD_SIZE": "2"}, 20, 10),
+    # horovodrun (mpirun --bind-to none) starts four ranks on one node's 32 CPUs
+    "horovodrun": ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "4",
+                    "HOROVOD_HOSTNAME": "n1"}, 32, 8),
+}
+
+
+@pytest.mark.parametrize("case", SHARES)
+def test_loader_workers_count_the_cpus_the_ranks_of_a_node_share_once(case, monkeypatch):
+    from guide_utils.runtime import launchers
+    from guide_utils.runtime.launchers import base
+
+    env, cpus, share = SHARES[case]
+    monkeypatch.setattr(base, "affinity", lambda: list(range(cpus)))
+    launcher = launchers.detect(env)
+    assert launcher is not None and launcher.cpu_share() == share, (launcher, case)
+    assert default_loader_workers("cuda", launcher.cpu_share()) == min(16, share - 1)
 
 
 class _Counting(Dist):

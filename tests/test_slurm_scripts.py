@@ -481,3 +481,71 @@ def _source_guide_plain(script: str, **env: str) -> tuple[str, str]:
                          env={**clean, "GUIDE_ROOT": str(REPO), **env}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout, out.stderr
+
+
+def test_a_launcher_per_node_keeps_the_union_of_wide_cpu_masks():
+    """A node of more than 64 CPUs (or hardware threads) has masks wider than bash's 64-bit
+    arithmetic: the union of the first tasks' masks is taken digit by digit, none dropped."""
+    masks = "0xff,0xff00,0xff0000000000000000,0xff000000000000000000"
+    out, _ = _source_guide_plain(f'GUIDE_SRUN_ARGS=("--cpu-bind=mask_cpu:{masks}"); guide_node_cpu_bind 4; '
+                                 'guide_node_cpu_bind 2; guide_hex_or 0x0f 0XF0; guide_hex_or 0 0')
+    assert out.split() == ["--cpu-bind=mask_cpu:0xffff000000000000ffff", "--cpu-bind=mask_cpu:0xffff", "ff", "0"]
+    assert int("ffff000000000000ffff", 16) == sum(int(m, 16) for m in masks.split(","))
+
+
+def test_each_task_of_an_array_in_a_chain_keeps_its_own_checkpoints():
+    """04-07 submitted through chain.sh: one chain folder, a folder per array task in it (the
+    tasks are runs of different batch sizes); a job outside a chain has its own by job id."""
+    script = ("guide_checkpoint_dir; SLURM_ARRAY_TASK_ID=2; guide_checkpoint_dir; GUIDE_CHAIN_CHECKPOINTS=; "
+              "guide_checkpoint_dir")
+    out, _ = _source_guide_plain(script, GUIDE_CHAIN_CHECKPOINTS="/s/chain-1", SLURM_JOB_NAME="04_naive_scaling",
+                                 SLURM_JOB_ID="77", GUIDE_CHECKPOINT_ROOT="/s/ck")
+    assert out.split() == ["/s/chain-1", "/s/chain-1/task-2", "/s/ck/04_naive_scaling-77"]
+
+
+def test_a_warning_during_the_set_up_ends_the_job_with_one_line_not_a_silent_138(tmp_path):
+    """A --time shorter than the set-up plus the warning: USR1 reaches the batch shell before
+    the launch. The shell survives it (bash's default would end it with 138 and no word), the
+    set-up goes on, and the launch stops with one line instead of training to be warned at once."""
+    marker = tmp_path / "launched"
+    script = (f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\nguide_note_early_warning\nkill -USR1 $$\n'
+              f'echo "set-up goes on"\nguide_run_requeueable touch "{marker}"\n')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "GUIDE_ROOT": str(REPO)})
+    assert out.returncode == 2 and not marker.exists(), out
+    assert out.stdout.splitlines() == ["== USR1 during the set-up: the time limit is near", "set-up goes on"]
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: Slurm's time-limit warning came before the training started") and "--time" in line
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "train.py", "--epochs", "3"], ["train.py", "--epochs", "3"]),
+    (["/usr/bin/python3", "-u", "train.py", "-u"], ["train.py", "-u"]),
+    (["python", "-u", "-m", "my.train", "-x"], ["-m", "my.train", "-x"]),
+    (["./bin/train", "a b"], ["--no-python", "./bin/train", "a b"]),
+])
+def test_torchrun_gets_the_readers_command_without_the_interpreter(command, expected):
+    proc = subprocess.run(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\nguide_torchrun_args "$@"', "x", *command],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "GUIDE_ROOT": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.split("\0")[:-1] == expected, proc
+
+
+@pytest.mark.parametrize("site, shared, whole", [
+    ("thesis-taito", "--partition=gpu --mem=60G", "--mem=0"),
+    ("gpus-per-node-apptainer", "--partition=gpu --mem-per-gpu=60G", "--exclusive"),
+])
+def test_a_one_gpu_job_is_not_billed_a_whole_node(site, shared, whole):
+    """The single-GPU baseline at a site of 4 or 8 GPUs per node asks for its share (the
+    profile's GUIDE_SHARED_SBATCH), not the node's memory or the node itself; 03 still does."""
+    one = _dry_run(site, "01_single_gpu_baseline.sbatch")
+    assert shared in one and whole not in one, one
+    assert whole in _dry_run(site, "03_multi_node_horovod.sbatch")
+
+
+def test_the_scripts_that_read_no_dataset_stage_none():
+    """10's benchmark and 09's notebooks are given no --data: GUIDE_STAGE=no before the set-up
+    (a copy of ImageNet to every node would be time and file-system bandwidth for nothing)."""
+    for script in SCRIPTS:
+        text = script.read_text()
+        reads_data = "GUIDE_TRAIN_FLAGS" in text or "{data}" in text
+        assert ("GUIDE_STAGE=no" in text) == (not reads_data), script.name

@@ -138,7 +138,9 @@ def _bash(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     (("python", "x.py"), {"LAUNCHER": "torchrun", "DIST": "horovod"},
      "error: LAUNCHER=torchrun starts PyTorch DDP processes only"),
     (("python", "x.py"), {"FRAMEWORK": "jax"}, "error: FRAMEWORK=jax: choose pytorch or tensorflow"),
-], ids=["nothing", "only --", "unknown launcher", "torchrun horovod", "unknown framework"])
+    (("python", "-W", "ignore", "x.py"), {"LAUNCHER": "torchrun", "DIST": "ddp"},
+     "error: LAUNCHER=torchrun starts python itself (with -u) and cannot pass it '-W'"),
+], ids=["nothing", "only --", "unknown launcher", "torchrun horovod", "unknown framework", "torchrun python flag"])
 def test_bad_input_to_the_batch_script_is_one_line(args, env, message):
     proc = _bash(str(SBATCH), *args, **env)
     assert proc.returncode == 2 and proc.stdout == "", proc

@@ -368,9 +368,23 @@ guide_node_cpu_bind() {  # TASKS_PER_NODE
         [[ $arg == --cpu-bind=*mask_cpu:* ]] || continue
         IFS=, read -ra masks <<<"${arg#*mask_cpu:}"
         union=0
-        for ((i = 0; i < $1 && i < ${#masks[@]}; i++)); do union=$((union | 16#${masks[i]#0x})); done
-        printf -- '--cpu-bind=mask_cpu:0x%x\n' "$union"
+        for ((i = 0; i < $1 && i < ${#masks[@]}; i++)); do union=$(guide_hex_or "$union" "${masks[i]}"); done
+        printf -- '--cpu-bind=mask_cpu:0x%s\n' "$union"
     done
+}
+
+# The bitwise OR of two hexadecimal CPU masks (with or without 0x), in hexadecimal without 0x,
+# digit by digit: bash's arithmetic stops at 64 bits, and a node of more than 64 CPUs (or
+# hardware threads) has masks wider than that.
+guide_hex_or() {  # A B
+    local a=${1#0[xX]} b=${2#0[xX]} out="" i
+    while ((${#a} < ${#b})); do a=0$a; done
+    while ((${#b} < ${#a})); do b=0$b; done
+    for ((i = 0; i < ${#a}; i++)); do
+        out+=$(printf '%x' $((16#${a:i:1} | 16#${b:i:1})))
+    done
+    out=${out#"${out%%[!0]*}"}  # no leading zeros
+    printf '%s\n' "${out:-0}"
 }
 
 # Where run records and checkpoint folders go: GUIDE_RESULTS_DIR and GUIDE_CHECKPOINT_ROOT,
@@ -380,6 +394,26 @@ guide_results_dir() {
 }
 guide_checkpoint_root() {
     printf '%s\n' "${GUIDE_CHECKPOINT_ROOT:-${GUIDE_OUTPUT:-$GUIDE_ROOT}/checkpoints}"
+}
+
+# This job's own checkpoint folder. The jobs of one chain (chain.sh) share the chain's; the
+# tasks of an array are separate runs (04-07: one batch size each), so each keeps a folder of
+# its own in it: sharing one, they would prune each other's checkpoints and resume another's.
+guide_checkpoint_dir() {
+    if [[ -n ${GUIDE_CHAIN_CHECKPOINTS:-} ]]; then
+        printf '%s\n' "$GUIDE_CHAIN_CHECKPOINTS${SLURM_ARRAY_TASK_ID:+/task-$SLURM_ARRAY_TASK_ID}"
+    else
+        printf '%s\n' "$(guide_checkpoint_root)/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}"
+    fi
+}
+
+# Slurm's time-limit warning (--signal=B:USR1@SECONDS) comes that long before the limit, or at
+# once when the limit is shorter: with a short --time (a test or debug queue) it can reach the
+# batch shell during the doctor or the staging, before guide_run_requeueable listens, and bash's
+# default for USR1 would end the job there with status 138 and no word. From the start of the
+# set-up it is noted instead, and the launch then stops with one line (see guide_run_requeueable).
+guide_note_early_warning() {
+    trap 'GUIDE_EARLY_WARNING=1; echo "== USR1 during the set-up: the time limit is near"' USR1
 }
 
 # Everything a script does before its launch line: guide_setup FRAMEWORK DIST [LAUNCH], the
@@ -398,18 +432,21 @@ guide_setup() {
     GUIDE_FRAMEWORK=$1 GUIDE_DIST=$2 GUIDE_LAUNCH=${3:-tasks}
     [[ $GUIDE_LAUNCH == tasks || $GUIDE_LAUNCH == node || $GUIDE_LAUNCH == shell ]] ||
         guide_die "guide_setup: launch '$GUIDE_LAUNCH' must be tasks, node or shell"
+    guide_note_early_warning
     guide_load_site
     guide_check_request
     guide_software
     guide_task_options
     guide_banner
     guide_check_tasks
-    guide_stage_data
+    # A script whose program reads no dataset (10's benchmark, 09's notebooks) sets
+    # GUIDE_STAGE=no: a copy of ImageNet to every node would cost time and the parallel file
+    # system's bandwidth for nothing.
+    if [[ ${GUIDE_STAGE:-yes} == no ]]; then GUIDE_DATA_ARGS=(); else guide_stage_data; fi
     # Run records and checkpoints under the profile's GUIDE_OUTPUT (a project's scratch: the
     # repository often sits in $HOME, whose quota a few ResNet-50 checkpoints fill), else here.
     GUIDE_RESULTS_DIR=$(guide_results_dir)
-    # This job's own checkpoints; the jobs of one chain (chain.sh) share the chain's.
-    GUIDE_CHECKPOINTS=${GUIDE_CHAIN_CHECKPOINTS:-$(guide_checkpoint_root)/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}}
+    GUIDE_CHECKPOINTS=$(guide_checkpoint_dir)
     # shellcheck disable=SC2034  # used by the sbatch scripts' launch lines
     GUIDE_TRAIN_FLAGS=(--profile "$GUIDE_TRAIN_PROFILE" ${GUIDE_DATA_ARGS[@]+"${GUIDE_DATA_ARGS[@]}"}
                        ${GUIDE_TRAIN_ARGS[@]+"${GUIDE_TRAIN_ARGS[@]}"} --results-dir "$GUIDE_RESULTS_DIR" --no-progress
@@ -476,6 +513,23 @@ guide_command_match() {
     fi
 }
 
+# A reader's command as torchrun takes it, one argument per NUL-terminated item: torchrun
+# starts `python -u` itself, so the interpreter and its -u go; SCRIPT or -m MODULE stay; any
+# other program runs with --no-python. Another interpreter flag cannot pass through torchrun:
+# one line says so (the script calls this before the set-up, so that it stops at once).
+guide_torchrun_args() {
+    if [[ ${1##*/} != python* ]]; then
+        printf '%s\0' --no-python "$@"
+        return 0
+    fi
+    shift
+    while [[ ${1:-} == -u ]]; do shift; done
+    [[ ${1:-} != -?* || $1 == -m ]] ||
+        guide_die "LAUNCHER=torchrun starts python itself (with -u) and cannot pass it '$1'; drop it, set it" \
+                  "through the environment (PYTHONOPTIMIZE, PYTHONWARNINGS, ...), or use LAUNCHER=srun"
+    printf '%s\0' "$@"
+}
+
 # A string as an extended regular expression that matches only itself.
 guide_regex_literal() {
     # shellcheck disable=SC2001  # one sed for every special character at once
@@ -489,6 +543,10 @@ guide_regex_literal() {
 # is printed first: the job log says exactly what ran.
 guide_run_requeueable() {
     local pid status usr1=0 warned=0
+    # Training started now would be warned at once, checkpoint and requeue, again and again.
+    [[ -z ${GUIDE_EARLY_WARNING:-} ]] ||
+        guide_die "Slurm's time-limit warning came before the training started: the job's --time leaves no time" \
+                  "to train after the set-up and the warning (#SBATCH --signal); submit it with a longer --time"
     printf '== launch:'; printf ' %q' "$@"; printf '\n'
     "$@" &
     pid=$!

@@ -43,9 +43,14 @@ GUIDE_TRAIN_ARGS=()         # extra guide_utils.train flags for every run at thi
 # MPICH); none: use mpirun. Cray systems have no mpirun: say so here, 03's LAUNCHER=mpirun stops.
 GUIDE_SRUN_MPI=pmix
 GUIDE_SRUN_ARGS=()          # optional (an array): more options for every srun that starts training
-                            # tasks, e.g. (--cpu-bind=cores --gpu-bind=none), (--hint=nomultithread),
-                            # ("--cpu-bind=mask_cpu:..."); not used for one-task-per-node steps
-GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0), (--constraint=gpu)
+                            # tasks, e.g. (--cpu-bind=cores --gpu-bind=none), ("--cpu-bind=mask_cpu:...");
+                            # not used for one-task-per-node steps. Not --hint=nomultithread here: with
+                            # GUIDE_CPUS_PER_TASK in hardware threads it asks for twice the cores the job
+                            # has, and it conflicts with --cpu-bind; it belongs in GUIDE_SBATCH_EXTRA, with
+                            # GUIDE_CPUS_PER_TASK counted in cores
+GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0), (--constraint=gpu); a
+                            # --time here wins over the scripts' own (24 h for 01 and 04-07): where the
+                            # partition allows less, set it, or the jobs wait for ever (PartitionTimeLimit)
 GUIDE_DOCTOR=full           # optional: full (default) checks the frameworks in every job; quick: the Slurm job only
 GUIDE_HOROVOD=yes           # optional: yes (default) when the software has a Horovod for this site's GPUs
                             # (built with NCCL where there are GPUs); no: the scripts default to DDP

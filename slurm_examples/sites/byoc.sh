@@ -28,5 +28,7 @@ GUIDE_HOROVOD=yes             # roles/guide_env's venv has Horovod (Gloo and MPI
 # the runs on the slower one as GUIDE_NETWORK=1Gbit/s slurm_examples/submit.sh ...
 export GUIDE_NETWORK=${GUIDE_NETWORK:-10Gbit/s}
 # Ethernet without RDMA: NCCL and Gloo over TCP on the experiment network, whose interface
-# name the testbed decides (ip -br addr on a node): e.g.
+# name the testbed decides (ip -br addr on a node). Set both: without GLOO_SOCKET_IFNAME, Gloo
+# takes the address of the node's name, which Debian's /etc/hosts maps to 127.0.1.1 before
+# any line the playbook adds, and multi-node DDP fails at its start. E.g.
 # export NCCL_SOCKET_IFNAME=enp2s0 GLOO_SOCKET_IFNAME=enp2s0

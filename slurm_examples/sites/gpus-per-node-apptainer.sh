@@ -18,7 +18,9 @@ GUIDE_TRAIN_PROFILE=full
 GUIDE_TRAIN_ARGS=(--amp bf16 --channels-last)
 GUIDE_SRUN_MPI=pmix
 GUIDE_SBATCH_EXTRA=(--exclusive)
-GUIDE_SHARED_SBATCH=()  # placeholder: a centre's options for jobs of fewer GPUs than a node (no --exclusive)
+# Jobs of fewer GPUs than a node: the same partition without --exclusive (an empty list would
+# mean "as every job", --exclusive included: a one-GPU job billed for eight). Placeholder values.
+GUIDE_SHARED_SBATCH=(--partition=gpu --mem-per-gpu=60G)
 # The image's Horovod is built without NCCL (containers/guide.def): the scripts default to DDP.
 GUIDE_HOROVOD=no
 GUIDE_OUTPUT=/scratch/my_project/$USER/guide  # placeholder: run records and checkpoints on the project's scratch

@@ -73,6 +73,9 @@ GUIDE_OUTPUT=/scratch/project_465000000/$USER/guide  # placeholder project
 # improve performance on large systems". The job's doctor also reads RCCL's own line about
 # the plugin (NCCL_DEBUG=INFO) from a short probe on multi-node GPU jobs.
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB NCCL_NET="AWS Libfabric" NCCL_CROSS_NIC=1
+# Gloo (DDP's CPU-side collectives, such as the engine's stop flag; Horovod's Gloo) picks the
+# interface of the node's name otherwise, often the management network: the high-speed one.
+export GLOO_SOCKET_IFNAME=hsn0
 # HPE's libfabric settings for NCCL/RCCL on Slingshot: a registration-cache monitor that
 # notices remapped pages, no provider calls that may deadlock, a larger completion queue.
 export FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DISABLE_HOST_REGISTER=1 FI_CXI_DEFAULT_CQ_SIZE=131072

@@ -59,6 +59,9 @@ GUIDE_SRUN_MPI=cray_shasta
 # NCCL module for containers sets both). The job's doctor also reads NCCL's line about the
 # plugin (NCCL_DEBUG=INFO) from a short probe on multi-node GPU jobs.
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET_GDR_LEVEL=PHB NCCL_NET="AWS Libfabric" NCCL_CROSS_NIC=1
+# Gloo (DDP's CPU-side collectives, such as the engine's stop flag; Horovod's Gloo) picks the
+# interface of the node's name otherwise, often the management network: the high-speed one.
+export GLOO_SOCKET_IFNAME=hsn0
 export FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DISABLE_HOST_REGISTER=1 FI_CXI_DEFAULT_CQ_SIZE=131072
 # Horovod (DIST=horovod): when some ranks wait for others that never send their tensors (a
 # hung node, a rank stuck in I/O), Horovod warns after 60 s and by default never stops, so

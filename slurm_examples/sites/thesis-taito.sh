@@ -18,5 +18,8 @@ GUIDE_TRAIN_PROFILE=full
 GUIDE_TRAIN_ARGS=()
 GUIDE_SRUN_MPI=pmi2
 GUIDE_SBATCH_EXTRA=(--mem=0)
+# Jobs of fewer GPUs than a node leave the rest of its memory to others: the thesis's one- and
+# two-GPU jobs asked for 60G or 200G (Appendices 1 and 2), not --mem=0, the whole node's.
+GUIDE_SHARED_SBATCH=(--partition=gpu --mem=60G)
 GUIDE_HOROVOD=yes  # the thesis's runs: Horovod
 GUIDE_OUTPUT=$WRKDIR/guide  # run records and checkpoints on the work directory, not in $HOME

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.loader_workers == "auto":  # what the engine picks on a GPU with this process's CPUs
             from ..runtime.cpus import default_loader_workers
 
-            args.loader_workers = default_loader_workers(1, "cuda")
+            args.loader_workers = default_loader_workers("cuda")
     job = Job(args.framework or ("pytorch" if args.dist in ("ddp", "none") else
                                  "tensorflow" if args.dist == "mwms" else None), args.dist, quick=args.quick)
     facts = gather(loader_workers=args.loader_workers, job=job)

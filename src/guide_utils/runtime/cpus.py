@@ -12,25 +12,20 @@ def affinity() -> list[int]:
     return sorted(getaffinity(0)) if getaffinity else list(range(os.cpu_count() or 1))
 
 
-def default_loader_workers(local_ranks: int, device_type: str, *, cpus: int | None = None,
-                           node_cpus: int | None = None) -> int:
-    """``--loader-workers auto``: on a GPU, the CPUs this rank has less one for the rank's
-    own process, at most 16; on a CPU, 4 (the compute needs the cores there).
+def default_loader_workers(device_type: str, cpus: int | None = None) -> int:
+    """``--loader-workers auto``: on a GPU, the CPUs this rank can count on less one for the
+    rank's own process, at most 16; on a CPU, 4 (the compute needs the cores there).
 
-    A rank's CPUs: its affinity mask when the launcher bound it to fewer than the node's
-    CPUs (Slurm's ``--cpus-per-task`` binding), else the node's CPUs shared by the ranks on
-    the node (torchrun starts every rank on all of them).
+    ``cpus``: the rank's share of its node's CPUs (``Launcher.cpu_share``: its own where the
+    launcher binds each rank, else the set it shares divided among the node's ranks); by
+    default every CPU this process may run on.
 
-    >>> default_loader_workers(1, "cuda", cpus=16, node_cpus=16)
-    15
-    >>> default_loader_workers(4, "cuda", cpus=16, node_cpus=16)
-    3
-    >>> default_loader_workers(4, "cuda", cpus=8, node_cpus=64), default_loader_workers(1, "cpu", cpus=64)
-    (7, 4)
+    >>> default_loader_workers("cuda", 16), default_loader_workers("cuda", 7), default_loader_workers("cuda", 64)
+    (15, 6, 16)
+    >>> default_loader_workers("cuda", 1), default_loader_workers("cpu", 64)
+    (1, 4)
     """
     if device_type != "cuda":
         return 4
-    node_cpus = node_cpus or os.cpu_count() or 1
     cpus = len(affinity()) if cpus is None else cpus
-    share = cpus if cpus < node_cpus else cpus // max(1, local_ranks)
-    return max(1, min(16, share - 1))
+    return max(1, min(16, cpus - 1))

@@ -396,6 +396,13 @@ def launch(name: str, index: int, profile: str = "smoke", *, results_dir: str = 
     [(i, run, command)] = plan(name, profile, index)
     if run.copies > 1:
         raise GuideError(f"{name} run {i} is {run.copies} separate jobs, not one launch; start them as: {command}")
+    if profile == "full":  # one GPU per worker, all on this node: a larger run is a job of its own
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if run.workers > gpus:
+            raise GuideError(f"{name} run {i} ({run.label}) needs {run.workers} worker(s) with a GPU each, but this "
+                             f"node has {gpus}; submit it as a job instead: {command}")
     if run.workers == 1:  # no progress bar in a notebook
         return execute(name, profile, index, results_dir=results_dir, progress=False, quiet=quiet)["record"].iloc[0]
     able = launchers.starting(run.settings["dist"])  # the local launchers for its backend, usual one first

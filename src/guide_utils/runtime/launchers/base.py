@@ -38,6 +38,9 @@ class Launcher:
     ADDRESS: ClassVar[tuple[str, ...]] = ()  # where the launcher put its own rendezvous, if it did
     PORT: ClassVar[tuple[str, ...]] = ()
     SUBMIT_DIR: ClassVar[tuple[str, ...]] = ("SLURM_SUBMIT_DIR",)  # shared by the nodes, where the job was submitted
+    # Whether it binds each rank to CPUs of its own (srun's tasks, jsrun's resource sets); the
+    # others start all of a node's ranks on one CPU set, which they share.
+    binds_each_rank: ClassVar[bool] = False
     registry: ClassVar[list[type["Launcher"]]] = []
 
     def __init_subclass__(cls, **kwargs):
@@ -171,6 +174,16 @@ class Launcher:
     def cpus_asked(self) -> int | float | None:
         """The CPUs the job asked for this process (Slurm's --cpus-per-task), None if unknown."""
         return self.job.cpus_per_task if self.job is not None else None
+
+    def cpu_share(self) -> int:
+        """The CPUs this rank can count on, for itself and its loader workers: the CPUs it may
+        run on, divided among the node's ranks unless the launcher bound it to its own, and
+        never more than the job asked for it. (Counting the whole set for every rank that
+        shares it would start, under torchrun on an 8-GPU node, 8 ranks x 15 loader workers.)"""
+        cpus = len(self.cpus())
+        share = cpus if self.binds_each_rank else cpus // max(1, self.local_size)
+        asked = self.cpus_asked()
+        return max(1, min(share, int(asked)) if asked else share)
 
     # -- what it can start ------------------------------------------------------------------
     def can_start(self, dist: str) -> bool:

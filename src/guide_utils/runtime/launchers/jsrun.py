@@ -20,6 +20,7 @@ from .base import Launcher
 
 class Jsrun(Launcher):
     name = "jsrun"
+    binds_each_rank = True  # each resource set on its own cores
     priority = 40  # before MPI: Spectrum MPI's ranks also carry OMPI_COMM_WORLD_*
     family = "mpirun"  # started_by: an MPI process manager
     backends = ("horovod", "ddp")

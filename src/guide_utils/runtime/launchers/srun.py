@@ -19,6 +19,7 @@ MPI_RANK = ("PMIX_RANK", "PMI_RANK")  # srun's pmix and pmi2 plugins (and every 
 
 class SrunTasks(Launcher):
     name = "srun"
+    binds_each_rank = True  # each task on the CPUs of its own --cpus-per-task
     unit = "tasks"
     priority = 50  # after the launchers srun may start (torchrun, horovodrun) and their variables
     RANK = ("SLURM_PROCID",)
