@@ -75,6 +75,28 @@ def test_the_role_defaults_define_every_variable_the_slurm_templates_read():
     assert "File=/r/dev-guide-n1/nvidia[0-3]" in provision.render("gres.conf", values)
 
 
+
+def test_apt_updates_its_cache_only_where_the_inventory_asks():
+    """Ansible's apt module updates a cache older than any non-zero cache_valid_time even with
+    update_cache false: the tests' sandbox has no network, so the first apply after a day
+    without an `apt-get update` here failed (CI of 2026-11-29). With common_apt_update false the
+    task asks for no update at all; with true, for one a day."""
+    import jinja2
+    import yaml
+
+    [task] = [t for t in yaml.safe_load((ANSIBLE / "roles/common/tasks/main.yml").read_text())
+              if "ansible.builtin.apt" in t]
+    args = task["ansible.builtin.apt"]
+    defaults = yaml.safe_load((ANSIBLE / "roles/common/defaults/main.yml").read_text())
+    test_vars = yaml.safe_load((ANSIBLE / "inventories/test-local/group_vars/cluster.yml").read_text())
+
+    def rendered(**values):
+        env = jinja2.Environment()
+        return {k: env.from_string(str(args[k])).render(**values) for k in ("update_cache", "cache_valid_time")}
+
+    assert rendered(**{**defaults, **test_vars}) == {"update_cache": "False", "cache_valid_time": "0"}
+    assert rendered(**defaults) == {"update_cache": "True", "cache_valid_time": "86400"}
+
 # --- slow: the playbook applied to this machine -----------------------------------------
 
 CTLD_PORT, NODE_PORTS, HUB_PORT = 6817, [6818, 6819], 8000

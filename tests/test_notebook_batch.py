@@ -27,9 +27,9 @@ cluster = pytest.fixture(scope="module", name="cluster")(slurm_cluster.module_cl
 def test_a_chapter_runs_as_a_batch_job_and_lands_next_to_its_log(cluster, tmp_path):
     # Chapter 0 without its two trainings (the sync check, the recorded points retrained): the
     # book build runs them, and tests/test_study.py the retraining; here the job matters.
-    archive = tmp_path / "digits.tar"  # guide_setup stages the CI profile's dataset first
-    subprocess.run([str(REPO / ".venv/bin/python"), "-m", "guide_utils", "pack-dataset", "digits", str(archive)],
-                   check=True, capture_output=True)
+    # A dataset in the profile: the job must not stage it (the notebook's runs are given none).
+    archive = tmp_path / "digits.tar"
+    archive.write_bytes(b"")
     logs = tmp_path / "logs"
     env = {**cluster.env, "GUIDE_SITE": "ci", "GUIDE_DATASET_ARCHIVE": str(archive), "GUIDE_LOG_DIR": str(logs),
            "GUIDE_RESULTS_DIR": str(tmp_path / "results"), "GUIDE_CI_SCRATCH": str(tmp_path / "scratch"),
@@ -52,3 +52,4 @@ def test_a_chapter_runs_as_a_batch_job_and_lands_next_to_its_log(cluster, tmp_pa
     assert "stack usable: yes" in "".join(o.get("text", "") for c in code for o in c.outputs)  # the doctor ran
     text = log.read_text()
     assert f"== executed notebook: {executed}" in text
+    assert "== staging" not in text and not (tmp_path / "scratch").exists()

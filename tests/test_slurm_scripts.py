@@ -549,3 +549,15 @@ def test_the_scripts_that_read_no_dataset_stage_none():
         text = script.read_text()
         reads_data = "GUIDE_TRAIN_FLAGS" in text or "{data}" in text
         assert ("GUIDE_STAGE=no" in text) == (not reads_data), script.name
+
+
+@pytest.mark.parametrize("request_, gres", [("--gres=gpu:v100:%d,nvme:200", "gpu:4"), ("--gres=shard:%d", "shard:4"),
+                                            ("--gpus-per-node=%d", "gpu:4"), ("--gpus-per-task=1", "gpu:4")])
+def test_a_launcher_per_node_asks_for_the_nodes_gpus_in_the_sites_gres(request_, gres):
+    """torchrun's step (one task per node) asks for the node's GPUs itself, in the GRES the
+    profile's request names: at a site that shares GPUs as shards, a gpu request is refused."""
+    job = ("export SLURM_JOB_ID=5 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=2 SLURM_CPUS_PER_TASK=4; GUIDE_SITE_FILE=x "
+           f"GUIDE_GPU_REQUEST='{request_}' GUIDE_EXEC=() GUIDE_DIST=ddp GUIDE_LAUNCH=node GUIDE_SRUN_MPI=pmix; "
+           'guide_task_options; printf "%s\\n" "${GUIDE_SRUN_NODES[@]}"')
+    out, _ = _source_guide_plain(job, PATH=f"/nonexistent:{os.environ['PATH']}")
+    assert f"--gres={gres}" in out.split() and "--cpus-per-task=16" in out.split(), out

@@ -185,3 +185,40 @@ def test_a_holder_that_starts_after_the_batch_shell_is_done_still_gets_the_copy_
     assert list(node.scratch.iterdir()) == []
     assert out.stdout.splitlines()[-1] == (f"== node node1: removing the job's staged copy {node.scratch}/guide-{JOB} "
                                            "(the batch script is done with it; its holder had not started)")
+
+
+
+def _cgroups(root: Path, limit: str) -> Path:
+    """A cgroup file system at ``root`` holding this process's own cgroups, as /proc/self/cgroup
+    names them (the staging runs in the same), with the memory limit ``limit`` one level above
+    the process's (where Slurm sets the job's, above the step's and the task's) and none
+    elsewhere: v2's memory.max, v1's memory.limit_in_bytes."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if number == "0":
+            base, name, unlimited = root, "memory.max", "max"
+        elif "memory" in controllers.split(","):
+            base, name, unlimited = root / "memory", "memory.limit_in_bytes", "9223372036854771712"
+        else:
+            continue
+        own = base / path.strip("/")
+        own.mkdir(parents=True, exist_ok=True)
+        levels = [own, *[f for f in own.parents if f.is_relative_to(base)]]
+        limited = levels[1] if len(levels) > 1 else own
+        for folder in levels:
+            (folder / name).write_text(f"{limit if folder == limited else unlimited}\n")
+    return root
+
+
+def test_a_scratch_in_memory_is_checked_against_the_jobs_memory_limit(node, tmp_path):
+    """/tmp in memory (tmpfs, as on Cray nodes) holds the copy in the job's memory: a copy larger
+    than the job's limit is refused in one line before tar is killed for memory (which would
+    read as a full disk); under the limit, or with no limit to read, it is staged."""
+    message = _one_error(node(FAKE_FSTYPE="tmpfs", GUIDE_CGROUP_ROOT=str(_cgroups(tmp_path / "cgroup", "1000"))))
+    assert message.startswith(f"{node.scratch} is in memory (tmpfs) and counts against this job's memory limit, "
+                              f"1000B, which the copy of {node.archive} ("), message
+    assert message.endswith(f"or set GUIDE_SCRATCH in {node.site} to a node-local disk")
+    assert list(node.scratch.iterdir()) == []
+    for root in (_cgroups(tmp_path / "roomy", str(10 ** 12)), tmp_path / "none"):
+        out = node('ls "${GUIDE_DATA_ARGS[1]}"', FAKE_FSTYPE="tmpfs", GUIDE_CGROUP_ROOT=str(root))
+        assert out.returncode == 0 and out.stdout.splitlines()[1:3] == ["train", "val"], out.stderr

@@ -348,9 +348,12 @@ guide_task_options() {
     # One launcher per node gets the CPUs (and, at a per-task GPU site, the GPUs) of all
     # the processes it starts; without them it would inherit a one-task share.
     # (A step may not ask for more GPUs per task than the job did, so it asks per node.)
-    local node_gpus=() per_task=1
+    # In the profile's GRES (a site that shares GPUs asks --gres=shard:N): a gpu request the
+    # job does not hold would be refused.
+    local node_gpus=() per_task=1 gres=gpu
     [[ ! $GUIDE_GPU_REQUEST =~ gpus-per-task[=\ ]*([0-9]+) ]] || per_task=${BASH_REMATCH[1]}
-    [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres=gpu:$((per_node * per_task)))
+    [[ ! $GUIDE_GPU_REQUEST =~ --gres=([A-Za-z_]+) ]] || gres=${BASH_REMATCH[1]}
+    [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres="$gres:$((per_node * per_task))")
     local node_bind=()
     mapfile -t node_bind < <(guide_node_cpu_bind "$per_node")
     GUIDE_SRUN_NODES=(--kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1

@@ -37,8 +37,31 @@ filesystem() {
     df --output=fstype -- "$path" 2>/dev/null | tail -n 1 || stat -f -c %T -- "$path"
 }
 
+# The memory limit of this process's cgroup in bytes, the smallest on its path (Slurm sets the
+# job's on the job's cgroup, above the step's and the task's): cgroup v2's memory.max, v1's
+# memory.limit_in_bytes. Empty where there is none or none can be read. GUIDE_CGROUP_ROOT: where
+# the cgroup file system is mounted (/sys/fs/cgroup).
+memory_limit() {
+    local base=${GUIDE_CGROUP_ROOT:-/sys/fs/cgroup} line root dir file value limit=""
+    while IFS= read -r line; do
+        case $line in
+            0::*) root=$base dir=${line#0::} file=memory.max ;;
+            *:memory:*) root=$base/memory dir=${line#*:memory:} file=memory.limit_in_bytes ;;
+            *) continue ;;
+        esac
+        while :; do
+            if [[ -r $root$dir/$file ]] && read -r value <"$root$dir/$file" && [[ $value =~ ^[0-9]+$ ]]; then
+                [[ -n $limit ]] && ((limit <= value)) || limit=$value
+            fi
+            [[ -n $dir && $dir != / ]] || break
+            dir=${dir%/*}
+        done
+    done </proc/self/cgroup
+    printf '%s\n' "$limit"
+}
+
 stage() {
-    local folder=$1 archive=$2 name=$3 site=$4 disk=${1%/*} tmp="" err fstype need free old
+    local folder=$1 archive=$2 name=$3 site=$4 disk=${1%/*} tmp="" err fstype need free old limit
     local fix="free space in $disk or set GUIDE_SCRATCH in $site to a larger node-local disk"
     fstype=$(filesystem "$disk")
     [[ ! $fstype =~ $network ]] ||
@@ -65,6 +88,14 @@ stage() {
     free=$(df -B1 --output=avail -- "$folder" | tail -n 1)
     ((free >= need)) ||
         refuse "$disk has $(human "$free") free, and unpacking $archive takes at least its size, $(human "$need")" "$fix"
+    # A disk in memory (/tmp on many Cray nodes) holds the copy in the job's memory: a copy larger
+    # than the job's limit gets tar killed for memory, which would read as a full disk.
+    if [[ $fstype == tmpfs || $fstype == ramfs ]]; then
+        limit=$(memory_limit)
+        [[ -z $limit ]] || ((need < limit)) ||
+            refuse "$disk is in memory ($fstype) and counts against this job's memory limit, $(human "$limit"), which the copy of $archive ($(human "$need")) would exceed" \
+                   "ask for more memory (--mem or --mem-per-gpu in $site's GUIDE_SBATCH_EXTRA or GUIDE_SHARED_SBATCH), or set GUIDE_SCRATCH in $site to a node-local disk"
+    fi
     err=$(mktemp -d "$folder/.staging.XXXXXX" 2>&1) || fail "creating a folder in $folder" "$err" "$fix"
     tmp=$err
     # Unpacked into a temporary folder, then renamed: FOLDER/NAME exists only when complete.

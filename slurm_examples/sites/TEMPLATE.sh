@@ -34,7 +34,10 @@ GUIDE_MODULE_PURGE=no       # optional, modules: yes runs `module purge` first; 
 GUIDE_CONTAINER=""          # apptainer: path to the .sif image with guide_utils installed
 GUIDE_APPTAINER_FLAGS=(--cleanenv --nv)  # apptainer (an array): --nv for NVIDIA GPUs, --rocm for AMD,
                             # binds (-B DIR); --cleanenv: no host variables inside but srun's and
-                            # the job's (lib/apptainer_env.sh passes those)
+                            # the job's (lib/apptainer_env.sh passes those). Bind the scratch disk
+                            # (GUIDE_SCRATCH; empty: $TMPDIR, unless that is under /tmp, which
+                            # apptainer binds itself) and GUIDE_OUTPUT: the training runs in the image,
+                            # which sees no other host folder (the staged data would be missing)
 GUIDE_DATASET_ARCHIVE=""    # tar on the shared filesystem; empty: the training profile's own data
 GUIDE_DATASET_NAME=""       # folder inside the archive with train/ and val/
 GUIDE_TRAIN_PROFILE=full    # full (ResNet-50, 90 epochs) | smoke (small model, seconds)
