@@ -45,7 +45,7 @@ def loader_batches(args, dev):
     dtype = resolve_input_dtype(getattr(args, "input_dtype", None) or "auto", "synthetic", dev.type)
     bundle = build_data("synthetic", image_size=args.image_size, seed=0, input_dtype=dtype,
                         synthetic_size=args.per_worker_batch * (args.steps + 1))
-    workers = args.loader_workers if args.loader_workers not in (None, "auto") else default_loader_workers(1, dev.type)
+    workers = args.loader_workers if args.loader_workers not in (None, "auto") else default_loader_workers(dev.type)
     kw = {"persistent_workers": False, "prefetch_factor": 4 if dev.type == "cuda" else 2} if workers else {}
     loader = DataLoader(bundle.train, batch_size=args.per_worker_batch, shuffle=True, drop_last=True,
                         num_workers=workers, pin_memory=dev.type == "cuda", **kw)

@@ -91,11 +91,16 @@ def test_apt_updates_its_cache_only_where_the_inventory_asks():
     test_vars = yaml.safe_load((ANSIBLE / "inventories/test-local/group_vars/cluster.yml").read_text())
 
     def rendered(**values):
+        from ansible.plugins.filter.core import to_bool
+
         env = jinja2.Environment()
+        env.filters["bool"] = to_bool  # Ansible's own filter
         return {k: env.from_string(str(args[k])).render(**values) for k in ("update_cache", "cache_valid_time")}
 
     assert rendered(**{**defaults, **test_vars}) == {"update_cache": "False", "cache_valid_time": "0"}
     assert rendered(**defaults) == {"update_cache": "True", "cache_valid_time": "86400"}
+    # `-e common_apt_update=false` on the command line arrives as a string, true to Jinja
+    assert rendered(**{**defaults, "common_apt_update": "false"})["cache_valid_time"] == "0"
 
 # --- slow: the playbook applied to this machine -----------------------------------------
 

@@ -2,6 +2,8 @@
 the float path's, in the same order; the resident synthetic batch; no tensor made from host
 data in the step; the loader-worker default."""
 
+import os
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -261,3 +263,35 @@ def test_cuda_graph_modes_count_each_step_at_once():
 
     graphed = {m for m in COMPILE_MODES if m and torch._inductor.list_mode_options(m).get("triton.cudagraphs")}
     assert graphed == set(GRAPHED_MODES)
+
+
+def test_the_engine_counts_the_cpus_of_the_launcher_that_started_it(monkeypatch):
+    """An srun task (rank 1 of 16, 8 per node, bound to its own 7 CPUs) joining DDP: the engine
+    exports torch's variables (RANK, LOCAL_WORLD_SIZE) for its env:// init, after which the
+    environment reads as torchrun's. The share comes from the launcher found before that: 7
+    CPUs, 6 loader workers, not 7 // 8."""
+    import torch.distributed as tdist
+
+    from guide_utils.engine import distributed
+    from guide_utils.runtime import launchers
+    from guide_utils.runtime.launchers import base
+
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "OMPI_", "PMI", "HOROVOD_", "TORCHELASTIC_")):
+            monkeypatch.delenv(name)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)  # recorded as absent: what the engine exports is undone afterwards
+    task = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+            "SLURM_NTASKS": "16", "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_CPUS_PER_TASK": "7",
+            "SLURM_STEP_NODELIST": "n[1-2]", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for name, value in task.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(base, "affinity", lambda: list(range(7)))
+    monkeypatch.setattr(tdist, "init_process_group", lambda **kw: None)
+    monkeypatch.setattr(tdist, "get_rank", lambda: 1)
+    monkeypatch.setattr(tdist, "get_world_size", lambda: 16)
+    dist = distributed.init("ddp")
+    assert (dist.rank, dist.local_size, dist.cpus) == (1, 8, 7)
+    assert launchers.detect().name == "torchrun"  # what a detection after the export would read
+    assert default_loader_workers("cuda", dist.cpus) == 6  # what Inputs starts on a GPU

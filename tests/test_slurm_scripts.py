@@ -236,6 +236,8 @@ def test_the_array_scanner_finds_what_bash_4_3_rejects():
 def test_no_expansion_of_an_array_that_may_be_empty_is_unguarded(path):
     context = "\n".join(p.read_text() for p in SHELL_FILES if p != path)
     assert unguarded_array_expansions(path.read_text(), context) == [], f"write ${{a[@]+\"${{a[@]}}\"}} in {path.name}"
+    # mapfile/readarray -d (a delimiter other than newline) came with bash 4.4 as well.
+    assert not re.search(r"^[^#]*\b(mapfile|readarray)\b[^#\n]*\s-d\b", path.read_text(), re.M), path.name
 
 
 def _source_guide(tmp_path: Path, profile: str, script: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
@@ -552,7 +554,9 @@ def test_the_scripts_that_read_no_dataset_stage_none():
 
 
 @pytest.mark.parametrize("request_, gres", [("--gres=gpu:v100:%d,nvme:200", "gpu:4"), ("--gres=shard:%d", "shard:4"),
-                                            ("--gpus-per-node=%d", "gpu:4"), ("--gpus-per-task=1", "gpu:4")])
+                                            ("--gpus-per-node=%d", "gpu:4"), ("--gpus-per-task=1", "gpu:4"),
+                                            ("--gpus-per-node=%d --gres=nvme:200", "gpu:4"),
+                                            ("--gres=nvme:200,gpu:a100:%d", "gpu:4")])
 def test_a_launcher_per_node_asks_for_the_nodes_gpus_in_the_sites_gres(request_, gres):
     """torchrun's step (one task per node) asks for the node's GPUs itself, in the GRES the
     profile's request names: at a site that shares GPUs as shards, a gpu request is refused."""

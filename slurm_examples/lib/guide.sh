@@ -352,7 +352,8 @@ guide_task_options() {
     # job does not hold would be refused.
     local node_gpus=() per_task=1 gres=gpu
     [[ ! $GUIDE_GPU_REQUEST =~ gpus-per-task[=\ ]*([0-9]+) ]] || per_task=${BASH_REMATCH[1]}
-    [[ ! $GUIDE_GPU_REQUEST =~ --gres=([A-Za-z_]+) ]] || gres=${BASH_REMATCH[1]}
+    # (the name of the entry that carries %d: "--gpus-per-node=%d --gres=nvme:200" asks for GPUs)
+    [[ ! $GUIDE_GPU_REQUEST =~ --gres=([^ ]*,)?([A-Za-z_]+)(:[A-Za-z0-9_.-]+)?:%d ]] || gres=${BASH_REMATCH[2]}
     [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres="$gres:$((per_node * per_task))")
     local node_bind=()
     mapfile -t node_bind < <(guide_node_cpu_bind "$per_node")
@@ -551,9 +552,10 @@ guide_run_requeueable() {
         guide_die "Slurm's time-limit warning came before the training started: the job's --time leaves no time" \
                   "to train after the set-up and the warning (#SBATCH --signal); submit it with a longer --time"
     printf '== launch:'; printf ' %q' "$@"; printf '\n'
+    # Listening before the start: a warning just after it still reaches the training.
+    trap 'usr1=1 warned=1; echo "== USR1: time limit near, asking the training to checkpoint"; guide_signal_training USR1' USR1
     "$@" &
     pid=$!
-    trap 'usr1=1 warned=1; echo "== USR1: time limit near, asking the training to checkpoint"; guide_signal_training USR1' USR1
     while :; do
         usr1=0 status=0
         wait "$pid" || status=$?

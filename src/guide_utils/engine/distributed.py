@@ -52,6 +52,10 @@ class Dist:
     local_size: int = 1
     device: Any = None
     _hvd: Any = field(default=None, repr=False)
+    # The CPUs this rank can count on (Launcher.cpu_share), read from the launcher that started
+    # it: after the engine has exported torch's variables (RANK, LOCAL_WORLD_SIZE) an srun task
+    # reads as torchrun's. None: every CPU the process may run on.
+    cpus: int | None = None
 
     @property
     def is_root(self) -> bool:
@@ -194,7 +198,7 @@ def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float
     device = _pick_device(local_rank)
     if device.type == "cpu":  # ranks may share cores: a waiting rank must not spin (hvd_wait)
         hvd_wait.sleep_while_waiting()
-    return Dist("horovod", hvd.rank(), hvd.size(), local_rank, hvd.local_size(), device, hvd)
+    return Dist("horovod", hvd.rank(), hvd.size(), local_rank, hvd.local_size(), device, hvd, cpus=launcher.cpu_share())
 
 
 def _init_ddp() -> Dist:
@@ -209,7 +213,8 @@ def _init_ddp() -> Dist:
     tdist.init_process_group(backend=process_group_backend(device.type),
                              device_id=device if device.type == "cuda" else None)
     launcher.rendezvous_done()  # every rank has joined
-    return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, launcher.local_size, device)
+    return Dist("ddp", tdist.get_rank(), tdist.get_world_size(), local_rank, launcher.local_size, device,
+                cpus=launcher.cpu_share())
 
 
 def init(kind: str = "none", *, fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Dist:

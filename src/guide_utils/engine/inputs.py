@@ -132,7 +132,6 @@ class Inputs:
         import torch
         from torch.utils.data import DataLoader
 
-        from ..runtime import launchers
         from ..runtime.cpus import default_loader_workers
         from .sampling import ResumableSampler, SeededItems, ShardSampler, collate
 
@@ -150,11 +149,8 @@ class Inputs:
             self.train = ResidentBatches(self.sampler, seed=cfg.seed, **kw)
             self.val = ResidentBatches(val_sampler, seed=cfg.seed + 1, **kw)
             return
-        if cfg.loader_workers == "auto":
-            launcher = launchers.detect()
-            self.workers = default_loader_workers(dist.device.type, launcher.cpu_share() if launcher else None)
-        else:
-            self.workers = cfg.loader_workers
+        self.workers = cfg.loader_workers if cfg.loader_workers != "auto" else \
+            default_loader_workers(dist.device.type, dist.cpus)
         kw: dict[str, Any] = {"num_workers": self.workers, "pin_memory": cuda, "collate_fn": collate}
         if self.workers > 0:
             kw.update(persistent_workers=True, prefetch_factor=4 if cuda else 2)
