@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,7 +82,6 @@ def test_apt_updates_its_cache_only_where_the_inventory_asks():
     update_cache false: the tests' sandbox has no network, so the first apply after a day
     without an `apt-get update` here failed (CI of 2026-11-29). With common_apt_update false the
     task asks for no update at all; with true, for one a day."""
-    import jinja2
     import yaml
 
     [task] = [t for t in yaml.safe_load((ANSIBLE / "roles/common/tasks/main.yml").read_text())
@@ -91,11 +91,16 @@ def test_apt_updates_its_cache_only_where_the_inventory_asks():
     test_vars = yaml.safe_load((ANSIBLE / "inventories/test-local/group_vars/cluster.yml").read_text())
 
     def rendered(**values):
-        from ansible.plugins.filter.core import to_bool
-
-        env = jinja2.Environment()
-        env.filters["bool"] = to_bool  # Ansible's own filter
-        return {k: env.from_string(str(args[k])).render(**values) for k in ("update_cache", "cache_valid_time")}
+        # Ansible's own bool filter, in a process of its own: importing Ansible patches
+        # sys.intern, which torch._dynamo (imported later by this worker's tests) refuses.
+        code = ("import json, sys, jinja2; from ansible.plugins.filter.core import to_bool; "
+                "args, values = json.load(sys.stdin); env = jinja2.Environment(); env.filters['bool'] = to_bool; "
+                "print(json.dumps({k: env.from_string(str(v)).render(**values) for k, v in args.items()}))")
+        keys = ("update_cache", "cache_valid_time")
+        out = subprocess.run([sys.executable, "-c", code], input=json.dumps([{k: args[k] for k in keys}, values]),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
 
     assert rendered(**{**defaults, **test_vars}) == {"update_cache": "False", "cache_valid_time": "0"}
     assert rendered(**defaults) == {"update_cache": "True", "cache_valid_time": "86400"}
