@@ -59,7 +59,7 @@ class TrainConfig:
     # distribution and input pipeline
     dist: str = "none"
     # DataLoader processes per rank; "auto": on a GPU the CPUs the rank has, less one (at
-    # most 16), on a CPU 4 (data.loaders.default_loader_workers)
+    # most 16), on a CPU 4 (runtime.cpus.default_loader_workers)
     loader_workers: int | str = "auto"
     # how images cross to the device: "uint8" (normalised there), "float32" (normalised by
     # the loader workers), "auto": uint8 for image data on a GPU, float32 on a CPU

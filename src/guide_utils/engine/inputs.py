@@ -123,7 +123,8 @@ class Inputs:
     """This rank's training and validation batches, on the device, and the sampler that can
     resume mid-epoch.
 
-    Loader workers: ``cfg.loader_workers`` (``auto``: data.loaders.default_loader_workers);
+    Loader workers: ``cfg.loader_workers`` (``auto``: runtime.cpus.default_loader_workers of
+    the rank's share of CPUs, ``Dist.cpus``, read from its launcher at init);
     on a GPU the loader pins its batches (so the copy can overlap) and keeps 4 batches per
     worker in flight, on a CPU 2 (PyTorch's default: pinning and depth buy nothing there).
     """
