@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -390,7 +391,7 @@ def test_the_warning_scan_signals_this_jobs_engines_only_and_starts_no_program(t
     whose environment is this job's, not the engine of another job nor another module of this
     one. Its per-node scan runs with no program on PATH: it starts none per process, so a node
     with hundreds of processes is scanned in time (a `tr | grep` each once took longer than
-    the warning left, and the training ended unwarned)."""
+    the warning left, and the training ended unwarned), and its step has a time limit."""
     (tmp_path / "guide_utils").mkdir()  # a stand-in package, imported with -S (no site-packages)
     for module in ("train", "trainer"):
         (tmp_path / "guide_utils" / f"{module}.py").write_text(FAKE_ENGINE)
@@ -404,10 +405,16 @@ def test_the_warning_scan_signals_this_jobs_engines_only_and_starts_no_program(t
             assert proc.stdout.readline() == "ready\n"
         empty = tmp_path / "no-programs"
         empty.mkdir()
-        stub = f'srun() {{ while [[ $1 == -* ]]; do shift; done; PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}'
+        opts = tmp_path / "srun-options" / "seen"
+        opts.parent.mkdir()
+        stub = (f'srun() {{ while [[ $1 == -* ]]; do echo "$1" >>"{opts}"; shift; done; '
+                f'PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}')
         out, _ = _source_guide_plain(f"{stub}\nguide_signal_training USR1", SLURM_JOB_ID="77",
                                      SLURM_JOB_NUM_NODES="1", SLURMD_NODENAME="node7")
         assert out == "== node7: USR1 sent to 1 training process(es)\n"  # what the job log says
+        # Beside the training step, and never holding the batch shell (which waits for it in its
+        # trap) past a minute: a scan that hung once kept a job from requeueing.
+        assert {"--overlap", "--time=1"} <= set(opts.read_text().split())
         deadline = time.monotonic() + 30
         while not (tmp_path / "engine").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -417,6 +424,36 @@ def test_the_warning_scan_signals_this_jobs_engines_only_and_starts_no_program(t
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def test_the_warning_scan_ends_when_a_process_goes_while_it_is_read(tmp_path):
+    """A process that ends while the scan reads its command line makes every later read of that
+    file fail (ESRCH), and a failed read leaves the variable as it was. Here `read` fails for
+    good once it has read a word VANISH (a process's command line): the scan must still end,
+    where the loop of `read || [[ -n $w ]]` added that word forever (it held a CI job 10 min)."""
+    gone = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)", "VANISH"])
+    try:
+        empty = tmp_path / "no-programs"
+        empty.mkdir()
+        fake_read = ('read() { [[ -z ${gone:-} ]] || return 1; builtin read "$@" || return; '
+                     '[[ ${w:-} != VANISH ]] || gone=1; }; export -f read')
+        stub = f'srun() {{ while [[ $1 == -* ]]; do shift; done; PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}'
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_"))}
+        scan = subprocess.Popen(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\n{stub}\n{fake_read}\n'
+                                 "guide_signal_training USR1"], stdout=subprocess.PIPE, text=True,
+                                env={**clean, "GUIDE_ROOT": str(REPO), "SLURM_JOB_ID": "77",
+                                     "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": "node7"},
+                                start_new_session=True)
+        try:
+            out, _ = scan.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(scan.pid, signal.SIGKILL)  # the spinning scan with it
+            scan.wait()
+            pytest.fail("the scan never ended")
+        assert out == "== node7: USR1 sent to 0 training process(es)\n", out
+    finally:
+        gone.kill()
+        gone.wait()
 
 
 def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_image():

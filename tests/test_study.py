@@ -150,6 +150,19 @@ def test_claims_are_the_orders_the_record_shows_firmly():
     assert not verify.check(verify.claims(table, n=3)[0], mine)[0]
 
 
+def test_the_quick_plan_checks_both_orders_the_record_shows_at_k32():
+    """--quick's seeds are as few as the recorded claims at k = 32 allow: with them, both
+    orders (naive and linear + warmup each better than linear) are still firm enough to be
+    checked, and one seed fewer of linear + warmup would leave its order unchecked."""
+    seeds = {m: len(s) for m, s in verify.QUICK_SEEDS.items()}
+    found = verify.claims(sweep.recorded(), verify.QUICK_KS, seeds)
+    assert {(c.better, c.worse) for c in found} == {("naive", "linear"), ("linear+warmup", "linear")}
+    assert all(c.power >= verify.CONFIDENCE for c in found)
+    fewer = verify.claims(sweep.recorded(), verify.QUICK_KS, {**seeds, "linear+warmup": seeds["linear+warmup"] - 1})
+    assert [(c.better, c.worse) for c in fewer] == [("naive", "linear")]
+    assert [len(verify.plan(True, None))] == [sum(seeds.values())] == [6]
+
+
 def test_on_par_is_judged_relative_to_the_better_median():
     """A quarter point apart at 0.3 % error is a clear order (an absolute half-point gap
     called it on par); five points apart at 20 % is within study.TOLERANCE, so on par."""
@@ -200,9 +213,9 @@ def test_verify_quick_holds_on_another_machine(tmp_path):
     assert "capped: ONEDNN_MAX_CPU_ISA=AVX2" in proc.stdout and "2 thread(s) per run" in proc.stdout
     points = [ln for ln in proc.stdout.splitlines() if ln.startswith("  k=32 ")]
     runs = [ln for ln in proc.stdout.splitlines() if ln.startswith("    seed ")]
-    assert len(points) == 3 and all("(recorded: median" in ln for ln in points) and len(runs) == 9
+    assert len(points) == 3 and all("(recorded: median" in ln for ln in points) and len(runs) == 6
     assert proc.stdout.count("holds here") == 2 and "DOES NOT HOLD" not in proc.stdout
     assert proc.stdout.rstrip().endswith("verdict: the guide's conclusions hold on this machine")
     table = sweep.load(out / "verify.csv")
-    assert len(table) == 9 and set(table["threads"]) == {2} and "verify --quick --threads 2" in table.attrs["source"]
-    assert len(list(out.glob("*.jsonl"))) == 9
+    assert len(table) == 6 and set(table["threads"]) == {2} and "verify --quick --threads 2" in table.attrs["source"]
+    assert len(list(out.glob("*.jsonl"))) == 6

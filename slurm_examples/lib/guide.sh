@@ -475,17 +475,25 @@ GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf
 # sets it from the reader's command (guide_command_match). --overlap lets the step run beside
 # the training step. The scan starts no program per process: on a loaded node with hundreds of
 # processes, a `tr | grep` for each took longer than the warning leaves (the training ended
-# unwarned), where bash's own `read` and `[[ =~ ]]` take well under a second.
+# unwarned), where bash's own `read` and `[[ =~ ]]` take well under a second. The step has a
+# time limit of its own (1 minute, Slurm's smallest): the batch shell waits for it inside its
+# USR1 trap, and once a node's scan hung (a read of some process's /proc entry that never
+# returned, in a CI run, 2026-11-29) and held the job until its time limit, unrequeued.
 guide_signal_training() {
     # shellcheck disable=SC2016  # expanded by the per-node shell
-    srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+    srun --overlap --time=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
         --cpus-per-task=1 --gres=none bash -c '
         n=0
+        # A read that fails leaves w as it was: w is emptied after each word, so that a process
+        # that ends while it is read (every later read fails: ESRCH) ends its loop instead of
+        # adding its last word forever (a scan once spun 10 minutes on one core that way).
         for d in /proc/[0-9]*; do  # (2>/dev/null first: it also silences a process gone or not ours)
-            words=() env=()
-            while IFS= read -r -d "" w || [[ -n $w ]]; do words+=("$w"); done 2>/dev/null <"$d/cmdline"
+            words=() env=() w=
+            while IFS= read -r -d "" w; do words+=("$w"); w=; done 2>/dev/null <"$d/cmdline"
+            [[ -z $w ]] || words+=("$w")  # a last word without its NUL
             [[ ${words[*]:-} =~ $3 ]] || continue
-            while IFS= read -r -d "" w || [[ -n $w ]]; do env+=("$w"); done 2>/dev/null <"$d/environ"
+            w=
+            while IFS= read -r -d "" w; do env+=("$w"); w=; done 2>/dev/null <"$d/environ"
             for w in ${env[@]+"${env[@]}"}; do
                 [[ $w == "SLURM_JOB_ID=$2" ]] && { kill "-$1" "${d#/proc/}" 2>/dev/null && n=$((n + 1)); break; }
             done

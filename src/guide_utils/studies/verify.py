@@ -17,7 +17,7 @@ ranking of naive / linear / linear + warmup at each k, where the record shows a 
 * a claim holds on this machine when the median of the retrained runs keeps the order.
 
 ``python -m guide_utils verify --quick`` retrains k = 32 (where the methods differ most):
-naive with one seed, linear with three, linear + warmup with five (``QUICK_SEEDS``), a few
+naive and linear with one seed each, linear + warmup with four (``QUICK_SEEDS``), a few
 minutes on two cores. ``--full`` retrains every point of
 the sweep with every recorded seed. The exit status is 1 when a claim does not hold here.
 Every run writes its run record, and the table of runs goes to ``verify.csv`` in the results
@@ -46,11 +46,12 @@ CLEAR = 0.9  # share of (a, b) run pairs in which a beat b, for "a is better tha
 # a machine that behaves like the recording fails a claim by chance less than once in fifty.
 CONFIDENCE = 0.98
 # --quick: k = 32, where the methods differ most, with as few runs as the claims there need
-# (see ``claims``): every recorded naive run beats every linear one, so one naive run checks
-# that order; linear + warmup gets five because some of its recorded runs diverged, and with
-# three the median of a machine that behaves like the recording would miss its order too often.
+# (see ``claims``): every recorded naive run beats every linear one, so one run of each checks
+# that order; linear + warmup gets four because some of its recorded runs diverged: with three,
+# the median of a machine that behaves like the recording would miss its order too often, with
+# four it keeps it in 99 % of draws from the record (tests/test_study.py computes it).
 QUICK_KS = (32,)
-QUICK_SEEDS = {"naive": (0,), "linear": (0, 1, 2), "linear+warmup": (0, 1, 2, 3, 4)}
+QUICK_SEEDS = {"naive": (0,), "linear": (0,), "linear+warmup": (0, 1, 2, 3)}
 METRIC = "best_val_top1_err"
 
 
