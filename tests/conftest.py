@@ -98,13 +98,18 @@ def _in_book_files(nodeid: str) -> bool:
 # where the book build and the Slurm examples' burst of jobs share the two cores (there its
 # cells took over 600 s; 46 s on a quiet machine), but after the other modules.
 LATE_FILES = ("tests/test_jupyterhub.py",)
+# The longest of the other modules (2 to 3 minutes each in a CI run) right after the Slurm
+# ones: the two workers take one module at a time, so a long one taken last kept one worker
+# busy while the other sat idle at the end (test_your_script.py, last by name, in ci33).
+EARLY_FILES = ("tests/test_engine.py", "tests/test_your_script.py", "tests/test_study.py")
 
 
 def _order(item) -> tuple[bool, int]:
-    """Slurm modules first (their jobs run beside everything else), then the rest, then the
-    late ones, the book's readers last."""
+    """Slurm modules first (their jobs run beside everything else), then the longest other
+    ones, then the rest, then the late ones, the book's readers last."""
     path = item.nodeid.split("::", 1)[0]
-    return (_in_book_files(item.nodeid), 2 if path in LATE_FILES else "slurm" not in item.keywords)
+    rank = 0 if "slurm" in item.keywords else 1 if path in EARLY_FILES else 2 if path not in LATE_FILES else 3
+    return (_in_book_files(item.nodeid), rank)
 
 
 def pytest_collection_modifyitems(session, config, items):
