@@ -5,6 +5,9 @@ and the engine's choice of backend is shown to avoid it."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -75,3 +78,26 @@ def test_ddp_on_a_gpu_asks_for_a_backend_per_device_type(monkeypatch):
     dist = distributed.init("ddp")
     assert asked["backend"] == "cpu:gloo,cuda:nccl" and asked["device_id"] == torch.device("cuda", 0)
     assert (dist.kind, dist.size, dist.device.type) == ("ddp", 4, "cuda")
+
+
+def test_shutdown_frees_the_ddp_wrapper_before_the_group_goes(one_rank_group):
+    """The wrapper's reducer holds the process group in reference cycles, so the wrapper
+    outlives the function that made it until the garbage collector runs: the engine's
+    shutdown collects it while the interpreter is whole, before destroy_process_group."""
+    dist = one_rank_group("gloo")
+
+    def one_step():
+        model, optimizer = dist.prepare(torch.nn.Linear(4, 2), None)
+        model(torch.randn(3, 4)).sum().backward()
+        return weakref.ref(model)
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # only the shutdown may collect
+    try:
+        wrapper = one_step()
+        assert wrapper() is not None, "the wrapper went without the collector: this test shows nothing"
+        dist.shutdown()
+        assert wrapper() is None and not tdist.is_initialized()
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -147,8 +147,16 @@ class Dist:
         if self.kind == "horovod":
             self._hvd.shutdown()
         elif self.kind == "ddp":
+            import gc
+
             import torch.distributed as tdist
 
+            # DDP's wrapper keeps the process group (through its reducer) in reference cycles
+            # that only the garbage collector frees, so without this the group outlives
+            # destroy_process_group into the interpreter's finalization, where PyTorch has
+            # reports of Gloo teardowns aborting the process (rank 0 once aborted so after a
+            # finished run here: docs/setup.md, ci35).
+            gc.collect()
             if tdist.is_initialized():
                 tdist.destroy_process_group()
 
