@@ -81,14 +81,17 @@ def test_ddp_on_a_gpu_asks_for_a_backend_per_device_type(monkeypatch):
 
 
 def test_shutdown_frees_the_ddp_wrapper_before_the_group_goes(one_rank_group):
-    """The wrapper's reducer holds the process group in reference cycles, so the wrapper
-    outlives the function that made it until the garbage collector runs: the engine's
-    shutdown collects it while the interpreter is whole, before destroy_process_group."""
+    """The wrapper's reducer holds the process group, and the wrapper can sit in reference
+    cycles (in a fresh process it outlived the function that made it until the garbage
+    collector ran; in a test worker that had run other tests it did not): the engine's
+    shutdown collects such a wrapper while the interpreter is whole, before
+    destroy_process_group. The cycle is made here, so that only a collection frees it."""
     dist = one_rank_group("gloo")
 
     def one_step():
         model, optimizer = dist.prepare(torch.nn.Linear(4, 2), None)
         model(torch.randn(3, 4)).sum().backward()
+        model.cycle = [model]  # a reference cycle, as the reducer's hooks made one
         return weakref.ref(model)
 
     was_enabled = gc.isenabled()
