@@ -89,7 +89,7 @@ def test_shutdown_frees_the_ddp_wrapper_before_the_group_goes(one_rank_group):
     dist = one_rank_group("gloo")
 
     def one_step():
-        model, optimizer = dist.prepare(torch.nn.Linear(4, 2), None)
+        model, _ = dist.prepare(torch.nn.Linear(4, 2), None)
         model(torch.randn(3, 4)).sum().backward()
         model.cycle = [model]  # a reference cycle, as the reducer's hooks made one
         return weakref.ref(model)

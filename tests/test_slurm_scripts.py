@@ -385,6 +385,14 @@ time.sleep(120)
 """
 
 
+def _srun_here(empty: Path, opts: Path | None = None) -> str:
+    """A bash srun that runs its command here, with nothing on PATH (``empty``), and appends
+    each of its options to ``opts``."""
+    seen = f'echo "$1" >>"{opts}"; ' if opts else ""
+    return (f'srun() {{ while [[ $1 == -* ]]; do {seen}shift; done; '
+            f'PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}')
+
+
 def test_the_warning_scan_signals_this_jobs_engines_only_and_starts_no_program(tmp_path):
     """guide_signal_training on one node (srun replaced by a function that runs its command
     here): of three real processes, it signals the one whose command line is the engine's and
@@ -407,8 +415,7 @@ def test_the_warning_scan_signals_this_jobs_engines_only_and_starts_no_program(t
         empty.mkdir()
         opts = tmp_path / "srun-options" / "seen"
         opts.parent.mkdir()
-        stub = (f'srun() {{ while [[ $1 == -* ]]; do echo "$1" >>"{opts}"; shift; done; '
-                f'PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}')
+        stub = _srun_here(empty, opts)
         out, _ = _source_guide_plain(f"{stub}\nguide_signal_training USR1", SLURM_JOB_ID="77",
                                      SLURM_JOB_NUM_NODES="1", SLURMD_NODENAME="node7")
         assert out == "== node7: USR1 sent to 1 training process(es)\n"  # what the job log says
@@ -437,7 +444,7 @@ def test_the_warning_scan_ends_when_a_process_goes_while_it_is_read(tmp_path):
         empty.mkdir()
         fake_read = ('read() { [[ -z ${gone:-} ]] || return 1; builtin read "$@" || return; '
                      '[[ ${w:-} != VANISH ]] || gone=1; }; export -f read')
-        stub = f'srun() {{ while [[ $1 == -* ]]; do shift; done; PATH="{empty}" "{shutil.which("bash")}" "${{@:2}}"; }}'
+        stub = _srun_here(empty)
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_"))}
         scan = subprocess.Popen(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\n{stub}\n{fake_read}\n'
                                  "guide_signal_training USR1"], stdout=subprocess.PIPE, text=True,

@@ -477,8 +477,8 @@ GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf
 # processes, a `tr | grep` for each took longer than the warning leaves (the training ended
 # unwarned), where bash's own `read` and `[[ =~ ]]` take well under a second. The step has a
 # time limit of its own (1 minute, Slurm's smallest): the batch shell waits for it inside its
-# USR1 trap, and once a node's scan hung (a read of some process's /proc entry that never
-# returned, in a CI run, 2026-11-29) and held the job until its time limit, unrequeued.
+# USR1 trap, and a scan that does not end (one once spun for 10 minutes: see the loop below)
+# would hold the job until its time limit, unrequeued.
 guide_signal_training() {
     # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --overlap --time=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
