@@ -165,6 +165,32 @@ def test_the_connection_file_is_read_once_it_is_whole(tmp_path):
         connection_info(str(tmp_path), "c1", timeout=0.3)
 
 
+def test_the_last_epochs_line_is_waited_for_when_the_result_comes_first(capsys):
+    """ipyparallel sends an engine's result and its printed lines on different channels: the
+    result can be in while the last epoch's line is not (ci37: Horovod's epoch line was
+    missing from chapter 9's cell). A stand-in result in that state: the line is shown."""
+    from guide_utils.cluster.interactive_follow import Follower
+
+    class ResultFirst:  # the state ipyparallel's AsyncResult.wait_for_output documents
+        stdout = ["[train] mnist1d: 3200 train / 800 val samples\n"]
+        waited = None
+
+        def ready(self):
+            return True
+
+        def wait_for_output(self, timeout):
+            self.waited = timeout
+            self.stdout = [self.stdout[0] + "[train] epoch 1/1  lr 0.025  loss 1.5892\n"]
+            return True
+
+    ar = ResultFirst()
+    follower = Follower(make_config("smoke", dist="horovod", epochs=1), 2, live=False, progress=False)
+    interactive._follow(ar, follower, timeout=None, stop=None)
+    follower.close()
+    assert ar.waited == interactive.OUTPUT_WAIT
+    assert "[train] epoch 1/1" in capsys.readouterr().out
+
+
 def test_mpi_engines_yield_their_core_only_when_they_have_none_to_spare(monkeypatch):
     """As many MPI engines as cores (the kernel and the controller share them): OpenMPI yields
     while an engine waits. With cores to spare it keeps its default; a notebook's own setting
