@@ -127,12 +127,37 @@ want=$(sha256sum requirements.txt requirements.lock pyproject.toml | sha256sum |
 if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
     say "installing the locked packages (~1 min; longer while uv's cache is empty)"
     pip_install -c requirements.lock uv
-    # --compile-bytecode: as pip does. Without it every process compiles what it imports, each
+    # Bytecode, as pip compiles it: without it every process compiles what it imports, each
     # time where PYTHONDONTWRITEBYTECODE is set (CI machines often set it): seconds per import.
-    uv=("$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" -c requirements.lock)
+    # Compiling all 21,000 modules takes ~40 s on two cores, in every fresh clone. uv links
+    # the same files from its cache into every venv (hardlinks: same size and time), so the
+    # bytecode compiled for the first venv with these pins is kept and linked into the next.
+    # A .pyc records its source's size and time: where a sample does not match (a venv on
+    # another file system, where uv copies), compileall recompiles what differs.
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    bytecode="${GUIDE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/guide_utils}/bytecode/$want-$("$VENV/bin/python" -c 'import sys; print(sys.implementation.cache_tag)')"
+    compile=(--compile-bytecode)
+    [[ -d $bytecode ]] && compile=()
+    uv=("$VENV/bin/uv" pip install --quiet "${compile[@]}" --python "$VENV/bin/python" -c requirements.lock)
     "${uv[@]}" pip setuptools wheel  # pip: Horovod's build below; setuptools, wheel: editable installs
     "${uv[@]}" -r requirements.txt
     "${uv[@]}" --no-deps -e .
+    if [[ -d $bytecode ]]; then
+        cp -al -n "$bytecode/." "$site/" 2>/dev/null || cp -a -n "$bytecode/." "$site/" || true
+        if "$VENV/bin/python" "$repo/scripts/pyc_matches.py" torch tensorflow numpy pandas; then
+            say "bytecode linked from $bytecode"
+        else  # exit status 1 for a few of torch's test files written for Python 3.12, as under uv
+            "$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
+            say "bytecode from $bytecode, recompiled where it did not match its source"
+        fi
+    else  # kept for the next venv: written beside, then renamed (another set-up may race)
+        tmp="$bytecode.$$"
+        if mkdir -p "$tmp" && (cd "$site" && find . -path '*/__pycache__/*.pyc' -exec cp -l --parents -t "$tmp" {} +) \
+            && mv -T "$tmp" "$bytecode" 2>/dev/null; then
+            say "bytecode kept in $bytecode for the next venv"
+        fi
+        rm -rf "$tmp"
+    fi
     echo "$want" >"$stamp"
 fi
 

@@ -101,7 +101,9 @@ LATE_FILES = ("tests/test_jupyterhub.py",)
 # The longest of the other modules (2 to 3 minutes each in a CI run) right after the Slurm
 # ones: the two workers take one module at a time, so a long one taken last kept one worker
 # busy while the other sat idle at the end (test_your_script.py, last by name, in ci33).
-EARLY_FILES = ("tests/test_engine.py", "tests/test_your_script.py", "tests/test_study.py")
+# Before them the doctor's, which mostly waits for probes to stall: while the book build
+# runs, its waiting leaves no core idle; after it, it did (ci38's timeline).
+EARLY_FILES = ("tests/test_doctor.py", "tests/test_engine.py", "tests/test_your_script.py", "tests/test_study.py")
 
 
 def _order(item) -> tuple[bool, int]:

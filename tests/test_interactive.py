@@ -165,6 +165,49 @@ def test_the_connection_file_is_read_once_it_is_whole(tmp_path):
         connection_info(str(tmp_path), "c1", timeout=0.3)
 
 
+class _Unanswered:
+    """Stand-in client: engines 0 and 1 registered; the first ``silent`` requests are never
+    answered (what CI saw once: a request sent as the engines registered), later ones are."""
+
+    def __init__(self, silent: int):
+        self.ids, self.silent, self.asked = [0, 1], silent, 0
+
+    def __getitem__(self, ids):
+        return self
+
+    def apply_async(self, f):
+        from ipyparallel.error import TimeoutError as NoAnswer
+
+        self.asked += 1
+        answered = self.asked > self.silent
+
+        class Result:
+            def get(self, timeout):
+                if not answered:
+                    time.sleep(timeout)
+                    raise NoAnswer("no answer")
+                return [(1, 2, "node2"), (0, 2, "node1")]
+
+        return Result()
+
+
+@pytest.mark.parametrize("silent", [1, 2])
+def test_engines_that_do_not_answer_are_asked_again_then_named_in_one_line(monkeypatch, capsys, silent):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(interactive, "IDENTIFY_WAIT", 0.05)
+    cluster = interactive.EngineCluster(n=2, engines="mpi")
+    res = SimpleNamespace(client=_Unanswered(silent), cluster=SimpleNamespace(engine_set=None))
+    if silent == 1:
+        cluster._identify(res)
+        assert cluster._ranks == [1, 0] and cluster._hosts == ["node1", "node2"] and res.client.asked == 2
+    else:
+        with pytest.raises(GuideError, match=r"^2 of the 2 MPI engines \(mpiexec\) registered but did not answer "
+                                             r"within 0 s; see their output"):
+            cluster._identify(res)
+        assert res.client.asked == 2
+
+
 def test_the_last_epochs_line_is_waited_for_when_the_result_comes_first(capsys):
     """ipyparallel sends an engine's result and its printed lines on different channels: the
     result can be in while the last epoch's line is not (ci37: Horovod's epoch line was

@@ -23,6 +23,8 @@ from guide_utils.perf.model import PARAMETERS, Network, Workload, predict
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 root_only = pytest.mark.skipif(links.privileges() is not None, reason=f"needs root: {links.privileges()}")
 LINKS = [sys.executable, "-m", "guide_utils", "links"]
+SIGINT_AS_AT_A_TERMINAL = [sys.executable, "-c", "import os, signal, sys; "
+                           "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"]
 
 
 def _host_state() -> tuple[str, str, list[str]]:
@@ -69,8 +71,12 @@ def test_the_cluster_is_built_shaped_and_removed_and_a_second_run_works(tmp_path
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_an_interrupted_or_killed_run_leaves_nothing_behind(how):
     before = _host_state()
-    proc = subprocess.Popen([*LINKS, "run", "--", "sleep", "60"], env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal. The tests' process may ignore SIGINT (a shell starting it in
+    # the background does, and so may a library an earlier test ran in this worker); a child
+    # inherits that, and Python then raises no KeyboardInterrupt: in CI the run slept its
+    # 60 s out and nothing was interrupted.
+    proc = subprocess.Popen([*SIGINT_AS_AT_A_TERMINAL, *LINKS, "run", "--", "sleep", "60"], env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     mine = _wait_for_namespaces(proc)
     time.sleep(0.5)  # the sleeps have started inside them
     proc.send_signal(how)
@@ -81,6 +87,7 @@ def test_an_interrupted_or_killed_run_leaves_nothing_behind(how):
         state = ((proc_dir / "stat").read_text().split()[2], (proc_dir / "wchan").read_text()) \
             if proc_dir.exists() else "it exited just now"
         raise AssertionError(f"links run still alive 180 s after signal {how!r}: state, wait channel {state}")
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -9}[how], proc.stderr.read()
     if how == signal.SIGKILL:  # nobody removed them: the next run (or links clean) does
         assert set(mine) <= set(links.namespaces())
         clean = subprocess.run([*LINKS, "clean"], env=child_env(), capture_output=True, text=True, timeout=60)

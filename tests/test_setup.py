@@ -77,3 +77,27 @@ def test_the_venv_takes_python_on_path_and_the_distributions_when_that_cannot(tm
     said, log = _make_venv(tmp_path / "b", 'if [[ $1 == -m ]]; then exit 1; fi\nexec /usr/bin/python3.11 "$@"')
     assert f"created {tmp_path / 'b' / 'venv'} with /usr/bin/python3.11" in said, said
     assert "-m venv" in log.read_text()  # tried first
+
+
+def test_kept_bytecode_is_used_only_where_it_matches_its_source(tmp_path):
+    """setup.sh links the bytecode compiled for an earlier venv with the same pins; its check:
+    a .pyc that records its source's size and time matches, one after the source changed
+    (a venv whose files uv copied) or a missing one does not, and then everything is compiled."""
+    import os
+    import py_compile
+    import sys
+
+    (tmp_path / "pkg").mkdir()
+    source = tmp_path / "pkg" / "__init__.py"
+    source.write_text("x = 1\n")
+    check = [sys.executable, str(REPO / "scripts" / "pyc_matches.py"), "pkg"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def verdict() -> int:
+        return subprocess.run(check, env=env, capture_output=True).returncode
+
+    assert verdict() == 1  # no bytecode yet
+    py_compile.compile(str(source), invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    assert verdict() == 0
+    os.utime(source, (1, 1))  # same size, another time: as a copy made without keeping it
+    assert verdict() == 1

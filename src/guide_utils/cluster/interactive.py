@@ -84,6 +84,8 @@ ENGINE_PORTS_NEEDED = 9
 HEARTBEAT_MISSES = 10
 # Seconds to wait, after the engines' results, for their last printed lines (another channel).
 OUTPUT_WAIT = 30.0
+# Seconds for registered engines to answer who they are (once asked again).
+IDENTIFY_WAIT = 30.0
 
 
 @dataclass
@@ -317,8 +319,19 @@ class EngineCluster:
                           f"{self.controller_ip}{hint}, and raise timeout= if the engines start slowly")
 
     def _identify(self, res: Resources) -> None:
+        from ipyparallel.error import TimeoutError as NoAnswer
+
         ids = sorted(res.client.ids)[: self.n]
-        info = res.client[ids].apply_sync(whoami)
+        # A request sent just as the engines registered was once never answered (in CI: 20 min,
+        # engines alive): asked again after IDENTIFY_WAIT, then given up on in one line.
+        for attempt in (1, 2):
+            try:
+                info = res.client[ids].apply_async(whoami).get(timeout=IDENTIFY_WAIT)
+                break
+            except NoAnswer:
+                if attempt == 2:
+                    raise self._not_up(res, f"registered but did not answer within {2 * IDENTIFY_WAIT:.0f} s") \
+                        from None
         ranks = sorted(zip(ids, info, strict=True), key=lambda pair: pair[1][0])
         sizes = {size for _, (_, size, _) in ranks}
         if sizes != {self.n}:
