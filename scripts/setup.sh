@@ -123,7 +123,8 @@ pip_install() {
 # files from its cache (~/.cache/uv), 10 s when the cache has them. It reads no pip.conf:
 # a site mirror is given with UV_INDEX_URL (and UV_NATIVE_TLS=1 for a site's own CA).
 stamp="$VENV/.requirements.sha256"
-want=$(sha256sum requirements.txt requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+excluded=scripts/excluded-packages.txt
+want=$(sha256sum requirements.txt requirements.lock pyproject.toml "$excluded" | sha256sum | cut -d' ' -f1)
 if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
     say "installing the locked packages (~1 min; longer while uv's cache is empty)"
     pip_install -c requirements.lock uv
@@ -140,7 +141,9 @@ if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
     [[ -d $bytecode ]] && compile=()
     uv=("$VENV/bin/uv" pip install --quiet "${compile[@]}" --python "$VENV/bin/python" -c requirements.lock)
     "${uv[@]}" pip setuptools wheel  # pip: Horovod's build below; setuptools, wheel: editable installs
-    "${uv[@]}" -r requirements.txt
+    "${uv[@]}" -r requirements.txt --excludes "$excluded"
+    mapfile -t unwanted < <(grep -v '^#' "$excluded" | grep .)
+    "$VENV/bin/uv" pip uninstall --quiet --python "$VENV/bin/python" "${unwanted[@]}" 2>/dev/null || true
     "${uv[@]}" --no-deps -e .
     if [[ -d $bytecode ]]; then
         cp -al -n "$bytecode/." "$site/" 2>/dev/null || cp -a -n "$bytecode/." "$site/" || true

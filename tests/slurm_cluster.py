@@ -65,8 +65,11 @@ class Crash:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, sample_listeners: bool = False):
         self.root = Path(root)
+        # Every second, every socket of every process in the namespace: tens of ms of CPU per
+        # sample while jobs run, so only for a module whose tests read seen_listeners.
+        self.sample_listeners = sample_listeners
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.holder: subprocess.Popen | None = None
         self.conf = self.root / "slurm.conf"
@@ -208,11 +211,12 @@ class SlurmCluster:
                 self._given_up.add(p)
 
     def _watch(self) -> None:
-        """Every second while the cluster runs: restart dead daemons, sample listeners."""
+        """Every second while the cluster runs: restart dead daemons, sample listeners (if asked)."""
         while not self._sampling.wait(1.0):
             with contextlib.suppress(Exception):
                 self._restart_dead()
-            self._sample_listeners()
+            if self.sample_listeners:
+                self._sample_listeners()
 
     def crashes_since(self, since: float) -> list["Crash"]:
         """The daemon deaths recorded at or after ``since`` (a time.monotonic() value)."""
@@ -319,10 +323,12 @@ def start_or_skip(cluster: "SlurmCluster") -> "SlurmCluster":
         raise
 
 
-def module_cluster(tmp_path_factory):
+def module_cluster(request, tmp_path_factory):
     """The body of every test module's ``cluster`` fixture (module scope): one started test
-    Slurm for the module's tests, stopped after them."""
-    c = start_or_skip(SlurmCluster(tmp_path_factory.mktemp("slurm")))
+    Slurm for the module's tests, stopped after them; its listeners sampled where the module
+    sets SAMPLE_LISTENERS."""
+    c = start_or_skip(SlurmCluster(tmp_path_factory.mktemp("slurm"),
+                                   sample_listeners=getattr(request.module, "SAMPLE_LISTENERS", False)))
     yield c
     c.stop()
     for crash in c.crashes:  # in the run's warnings summary, also when no test failed for it

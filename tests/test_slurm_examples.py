@@ -46,6 +46,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiprocess]
 
 
 cluster = pytest.fixture(scope="module", name="cluster")(slurm_cluster.module_cluster)
+SAMPLE_LISTENERS = True  # test_jobs_listen_on_loopback_where_it_can_be_configured reads them
 
 
 archive = pytest.fixture(scope="module", name="archive")(slurm_cluster.digits_archive)
@@ -369,12 +370,16 @@ class Batch:
         done, instead of waiting for a short limit to come near."""
         (job_id,) = sub.ids
         end = time.monotonic() + 1500  # from submission: the job may queue behind the module's others
-        while time.monotonic() < end and self.cluster.finished(job_id) is None:
+        polls = 0
+        # The log is read every 0.3 s; Slurm is asked whether the job ended every 3 s only: a
+        # scontrol process per poll, for minutes of queueing, was most of the module's calls.
+        while time.monotonic() < end and (polls % 10 or self.cluster.finished(job_id) is None):
             if re.search(sub.job.first_epoch, sub.log(), re.M):
                 subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=self.cluster.env,
                                capture_output=True)
                 sub.usr1_sent = True
                 return
+            polls += 1
             time.sleep(0.3)
 
     def _watch_steps(self, sub: Submission) -> None:
