@@ -42,7 +42,9 @@ def test_the_image_is_made_by_the_venvs_setup_from_the_same_pins():
     assert re.search(r"\bpip install\b.* -c requirements\.lock$", uv), uv
     installs = [ln.strip() for ln in setup.splitlines() if re.match(r'\s*(pip_install |"\$\{uv\[@\]\}" )', ln)]
     assert installs and all(ln.startswith('"${uv[@]}"') or "-c requirements.lock" in ln for ln in installs), installs
-    assert any(re.match(r'"\$\{uv\[@\]\}" -r requirements\.txt$', ln) for ln in installs), installs
+    requirements = r'"\$\{uv\[@\]\}" -r requirements\.txt --excludes "\$excluded"$'
+    assert any(re.match(requirements, ln) for ln in installs), installs
+    assert re.search(r"^excluded=scripts/excluded-packages\.txt$", setup, re.M)  # scripts/ is copied
     assert "export PATH=/opt/guide/venv/bin:$PATH" in s["environment"]
     assert any("horovodrun --check-build" in ln for ln in s["test"])
 

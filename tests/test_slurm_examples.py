@@ -387,13 +387,15 @@ class Batch:
         there is no accounting database to ask afterwards."""
         (job_id,) = sub.ids
         end = time.monotonic() + 1500
-        while time.monotonic() < end and self.cluster.finished(job_id) is None:
+        polls = 0  # whether the job ended: every 3 s (see _usr1_after_first_epoch)
+        while time.monotonic() < end and (polls % 6 or self.cluster.finished(job_id) is None):
             out = subprocess.run(["scontrol", "show", "step", "-o", job_id], env=self.cluster.env,
                                  capture_output=True, text=True)
             for line in out.stdout.splitlines():
                 step = re.match(r"StepId=(\S+)", line)
                 if step:
                     sub.steps[step.group(1)] = line
+            polls += 1
             time.sleep(0.5)
 
     def _again(self, name: str, first: Submission) -> Submission:
