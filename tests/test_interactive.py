@@ -212,6 +212,7 @@ def test_the_last_epochs_line_is_waited_for_when_the_result_comes_first(capsys):
     """ipyparallel sends an engine's result and its printed lines on different channels: the
     result can be in while the last epoch's line is not (ci37: Horovod's epoch line was
     missing from chapter 9's cell). A stand-in result in that state: the line is shown."""
+    from guide_utils.cluster import interactive_follow
     from guide_utils.cluster.interactive_follow import Follower
 
     class ResultFirst:  # the state ipyparallel's AsyncResult.wait_for_output documents
@@ -228,9 +229,9 @@ def test_the_last_epochs_line_is_waited_for_when_the_result_comes_first(capsys):
 
     ar = ResultFirst()
     follower = Follower(make_config("smoke", dist="horovod", epochs=1), 2, live=False, progress=False)
-    interactive._follow(ar, follower, timeout=None, stop=None)
+    interactive_follow.follow(ar, follower, timeout=None, stop=None)
     follower.close()
-    assert ar.waited == interactive.OUTPUT_WAIT
+    assert ar.waited == interactive_follow.OUTPUT_WAIT
     assert "[train] epoch 1/1" in capsys.readouterr().out
 
 

@@ -60,7 +60,7 @@ from . import watchdog
 # 0 (interactive_follow), what runs on the engines (interactive_remote) and the notebook's
 # helpers (interactive_notebook).
 from .interactive_cleanup import Resources, cleanup, job_state, queue_info
-from .interactive_follow import EPOCH_LINE, RECORD, Follower, QueueLine, in_notebook
+from .interactive_follow import EPOCH_LINE, RECORD, Follower, QueueLine, follow, in_notebook
 from .interactive_launch import (connection_info, controller_address, controller_endpoint, controller_engine_ports,
                                  engine_environment, engine_port_spec, mpiexec_args, require_ipyparallel, require_mpi)
 from .interactive_notebook import one_line_errors, print_plan
@@ -82,8 +82,6 @@ ENGINE_PORTS_NEEDED = 9
 # Engines shut themselves down after this many missed controller heartbeats (3 s apart);
 # ipyparallel's default of 50 would keep orphaned engines for minutes.
 HEARTBEAT_MISSES = 10
-# Seconds to wait, after the engines' results, for their last printed lines (another channel).
-OUTPUT_WAIT = 30.0
 # Seconds for registered engines to answer who they are (once asked again).
 IDENTIFY_WAIT = 30.0
 
@@ -363,7 +361,7 @@ class EngineCluster:
         ar = client[self._ranks].apply_async(run_on_engine, cfg, rendezvous)
         follower = Follower(cfg, self.n, in_notebook() if live is None else live, progress)
         try:
-            _follow(ar, follower, timeout, self.stop)
+            follow(ar, follower, timeout, self.stop)
         except KeyboardInterrupt:
             self.stop()
             print("interrupted: the engines were stopped", file=sys.stderr)
@@ -371,22 +369,6 @@ class EngineCluster:
         finally:
             follower.close()
         return InteractiveResult(cfg.dist, _results(ar))
-
-
-def _follow(ar, follower, timeout: float | None, stop) -> None:
-    """Feed rank 0's printed lines to ``follower`` until the run ends and its last line is in.
-
-    An engine's result and its printed lines travel on different channels, so the result can
-    come first: its last lines (the last epoch's) are waited for, not read at once."""
-    end = None if timeout is None else time.monotonic() + timeout
-    while not ar.ready():
-        ar.wait(0.5)
-        follower.feed(ar.stdout[0])
-        if end is not None and time.monotonic() > end:
-            stop()
-            raise GuideError(f"the training did not finish within {timeout:.0f} s; the cluster was stopped")
-    ar.wait_for_output(OUTPUT_WAIT)
-    follower.feed(ar.stdout[0] + "\n")
 
 
 def _results(ar) -> list:

@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 from ..core.config import TrainConfig
+from ..core.errors import GuideError
 
 EPOCH_LINE = re.compile(r"^\[train\] epoch (\d+)/(\d+)")
 RECORD = re.compile(r"; record (\S+\.jsonl)$")
+# Seconds to wait, after the engines' results, for their last printed lines (another channel).
+OUTPUT_WAIT = 30.0
 
 
 class Follower:
@@ -152,3 +155,19 @@ def _clock(seconds: float) -> str:
     """
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def follow(ar, follower, timeout: float | None, stop) -> None:
+    """Feed rank 0's printed lines to ``follower`` until the run ends and its last line is in.
+
+    An engine's result and its printed lines travel on different channels, so the result can
+    come first: its last lines (the last epoch's) are waited for, not read at once."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while not ar.ready():
+        ar.wait(0.5)
+        follower.feed(ar.stdout[0])
+        if end is not None and time.monotonic() > end:
+            stop()
+            raise GuideError(f"the training did not finish within {timeout:.0f} s; the cluster was stopped")
+    ar.wait_for_output(OUTPUT_WAIT)
+    follower.feed(ar.stdout[0] + "\n")
