@@ -349,6 +349,16 @@ def test_small_resnet_learns_the_digits(tmp_path):
     assert rows[-1]["val_top1_err"] < 50  # chance is 90%
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for ``sig`` (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
 @pytest.mark.slow
 def test_a_warning_during_start_up_still_ends_in_a_checkpoint(tmp_path):
     """Slurm's USR1 can arrive while Python is still importing torch: the run must not die
@@ -356,7 +366,11 @@ def test_a_warning_during_start_up_still_ends_in_a_checkpoint(tmp_path):
     cmd = [*TRAIN, "--epochs", "2", "--results-dir", "r", "--checkpoint-dir", "ckpt"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                             cwd=tmp_path)
-    time.sleep(0.5)  # inside the interpreter, long before the engine's own handler exists
+    # As soon as the early handler is in place (before torch is imported): a fixed delay
+    # raced the interpreter's own start on a loaded machine (exit -10, killed by the signal).
+    end = time.monotonic() + TIMEOUT
+    while not _catches(proc.pid, signal.SIGUSR1) and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.01)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 75, f"{proc.returncode}\n{out}\n{err}"

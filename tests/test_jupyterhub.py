@@ -219,7 +219,8 @@ def test_a_user_runs_chapter_9_on_the_hub_with_engines_from_inside_the_servers_j
         job_ids.append(server[0][0])
 
         driver.get(f"{url}/user/{name}/lab/tree/{CHAPTER}")
-        WebDriverWait(driver, 60).until(lambda d: len(cells()) >= 12 and idle(d))
+        # the kernel imports the chapter's stack as it starts: more than 60 s on a busy machine
+        WebDriverWait(driver, 180).until(lambda d: len(cells()) >= 12 and idle(d))
         step("chapter 9 open, kernel idle")
         cells()[PARAMETERS].find_element(By.CSS_SELECTOR, ".jp-InputPrompt").click()
         keys(Keys.ESCAPE, "b", Keys.ENTER)  # a new cell below the parameters, in edit mode

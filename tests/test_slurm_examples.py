@@ -861,9 +861,11 @@ JOBS["test_your_own_script[horovod]"] = Job(
     train=("python", "examples/your_script/train_horovod.py", "--epochs", "2", *YOUR_SCRIPT))
 JOBS["test_your_own_script[ddp]"] = Job(
     "16_your_own_script.sbatch", env={"LAUNCHER": "srun", "DIST": "ddp"}, broken_horovod=True,
-    # Long enough to be warned on a loaded machine (a step takes milliseconds); it stops at
-    # the warning, and its resumed start ends the remaining epochs in seconds.
-    train=("python", "examples/your_script/train_ddp.py", "--epochs", "150", *YOUR_SCRIPT),
+    # Long enough to be warned on a loaded machine (a step takes milliseconds): warned after
+    # "epoch 1/", it stopped at step 30 (epoch 4) in a run with two more jobs beside the
+    # suite's, so 60 epochs leave a margin of about 15; it stops at the warning, and its
+    # resumed start ends the remaining epochs in seconds (past the milestone at 30).
+    train=("python", "examples/your_script/train_ddp.py", "--epochs", "60", *YOUR_SCRIPT),
     usr1_after_epoch=True, first_epoch=r"^epoch 1/")
 
 

@@ -61,6 +61,39 @@ def test_failing_twice(jobs):
 def test_without_a_cluster():
     CLUSTER.crashes.append((time.monotonic(), "a crash of a cluster this test does not use"))
     assert False, "not rerun"
+
+
+MPI = "[vm:32177] *** Process received signal ***\\n[vm:32177] Signal: Segmentation fault (11)\\n"
+PYTHON = (MPI.replace("Signal: Segmentation fault (11)", "Fatal Python error: Segmentation fault\\n\\n"
+          "Current thread 0x1 (most recent call first):\\n  File \\"/v/horovod/common/basics.py\\", line 122 in init\\n"
+          "  File \\"/r/guide_utils/engine/distributed.py\\", line 197 in _horovod\\n\\n"
+          "Thread 0x2 (most recent call first):\\n  File \\"/v/other.py\\", line 1 in elsewhere"))
+
+
+class Logs(Jobs):
+    def log(self):
+        return PYTHON if self.attempt == 1 else ""
+
+    def again(self):
+        return Logs(self.cluster, self.attempt + 1)
+
+
+def test_a_rank_segfaulted_under_open_mpi(jobs):
+    if jobs.attempt == 1:
+        pytest.fail(f"job 2501 FAILED 143:0\\n{MPI}srun: error: guide-n1: task 0: Segmentation fault")
+
+
+@pytest.fixture
+def logs():
+    return Logs(CLUSTER, 1)
+
+
+def test_a_rank_segfaulted_in_a_log(logs):
+    assert logs.attempt == 2, "job 2502 FAILED"
+
+
+def test_a_segfault_without_a_cluster():
+    pytest.fail(MPI)
 '''
 
 
@@ -75,7 +108,14 @@ def test_only_a_test_broken_by_a_daemons_crash_runs_again(tmp_path):
     for failed in ("test_failing_on_its_own", "test_failing_twice", "test_without_a_cluster"):
         assert f"FAILED test_inner.py::{failed}" in text, text
     assert "attempt 2 failed" in text, text  # the second run's failure is the one reported
-    assert text.count("run again: ") == 2, text  # the crash test and the twice-failing one, once each
+    assert "PASSED test_inner.py::test_a_rank_segfaulted_under_open_mpi" in text, text
+    assert "PASSED test_inner.py::test_a_rank_segfaulted_in_a_log" in text, text
+    assert "FAILED test_inner.py::test_a_segfault_without_a_cluster" in text, text
+    assert text.count("run again: ") == 4, text  # two daemon crashes (one twice-failing), two segfaults
+    assert "run again: a rank died of a segmentation fault (no Python stack printed); the first run" in text, text
+    # the crashing thread's innermost frames, not the other thread's
+    assert ("run again: a rank died of a segmentation fault in basics.py:122 init < distributed.py:197 _horovod; "
+            "the first run failed with AssertionError: job 2502 FAILED") in text, text
     assert ("run again: slurmd-guide-n2 died at 08:23:15; the first run failed with Failed: Task launch failed "
             "on node guide-n2") in text, text
 

@@ -27,6 +27,10 @@ GUIDE_DOCTOR=${GUIDE_DOCTOR:-quick}
 # spinning on it (the tests run several jobs at once); CI runs as root, which OpenMPI
 # refuses unless told.
 export OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# A rank that dies of a fatal signal prints its threads' Python stacks; Open MPI, finding the
+# handler in place, leaves it there (its own printed one C frame). The CI's rare segmentation
+# fault of a rank under srun's PMIx (docs/setup.md) should say where it happened.
+export PYTHONFAULTHANDLER=1
 # The tests' two Slurm "nodes" are one host: OpenMPI's shared-memory transport would mix
 # up the same local ranks of both nodes, so MPI talks over TCP (and self) only, and only on
 # the loopback interface the two "nodes" share (other interfaces here may not route).
