@@ -1,6 +1,7 @@
 """The test Slurm's answer to a daemon that dies: tests/slurm_cluster.py restarts it (three
 times at most), and tests/slurm_rerun.py runs a test once more only when a daemon of its
-cluster died while it ran (or while its pre-submitted jobs did), and then says so."""
+cluster died while it ran (or while its pre-submitted jobs did), or when one of its jobs'
+ranks died of a segmentation fault, and then says so."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_a_segfault_without_a_cluster():
 '''
 
 
-def test_only_a_test_broken_by_a_daemons_crash_runs_again(tmp_path):
+def test_only_a_test_broken_by_a_daemons_crash_or_a_ranks_segfault_runs_again(tmp_path):
     (tmp_path / "test_inner.py").write_text(INNER)
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "slurm_rerun", "-p", "no:cacheprovider", "-rA",
                           "-q", "test_inner.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
