@@ -8,8 +8,8 @@ test once more, with its pre-submitted jobs submitted again, and says so in a wa
 
 It does the same for the one other crash seen here that the guide's code has not been shown
 to cause: an MPI rank of a job started by srun's PMIx plugin that dies of a segmentation
-fault through a null pointer, under load (3 times in about 35 CI runs, never in 95
-reruns of the same job under load; docs/setup.md). The CI site profile makes such a rank
+fault through a null pointer, under load (three times on record since 2026-11-28, never in
+95 reruns of the same job under load; docs/setup.md). The CI site profile makes such a rank
 print its Python stack (PYTHONFAULTHANDLER), and the warning quotes it, so that the next one
 says where it happened.
 """
