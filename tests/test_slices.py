@@ -47,7 +47,7 @@ def test_smoke_keeps_the_structure_at_two_processes():
 
 
 def test_copies_are_one_worker_jobs_only():
-    from guide_utils.studies.experiments import _throughput_run
+    from guide_utils.studies.experiment_plans import _throughput_run
 
     with pytest.raises(GuideError, match="separate one-worker jobs"):
         _throughput_run(2, 32, copies=10)

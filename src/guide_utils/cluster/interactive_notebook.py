@@ -36,7 +36,7 @@ def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = Non
                controller_ip: str | None = None, walltime: str = "01:00:00") -> None:
     """What ``EngineCluster(n, engines=...).train(cfg)`` would do, started nowhere: the
     engines, the controller address, the training, and the batch script Slurm engines get."""
-    from ..studies.experiments import PlannedRun, describe
+    from ..studies.experiment_plans import PlannedRun, describe
 
     settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "extra"}
     ip = controller_address(controller_ip)

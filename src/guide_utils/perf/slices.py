@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..core.errors import GuideError
 from ..core.scaling import IMAGENET_TRAIN_IMAGES
-from ..studies.experiments import SLICES_BATCHES, SLICES_NODES
+from ..studies.experiment_plans import SLICES_BATCHES, SLICES_NODES
 from .model import PARAMETERS, Network
 from .planner import candidates
 

@@ -34,8 +34,8 @@ from typing import Iterable, Sequence
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..core.paths import packaged
-from .experiments import SMOKE_BATCH as BASE_BATCH
-from .experiments import SMOKE_QUALITY
+from .experiment_plans import SMOKE_BATCH as BASE_BATCH
+from .experiment_plans import SMOKE_QUALITY
 from . import study, workers
 
 PROG = "python -m guide_utils sweep"
