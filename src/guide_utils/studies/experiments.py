@@ -23,15 +23,13 @@ from typing import Any
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.config import make_config
 from ..core.errors import GuideError
-from .experiment_plans import (EXPERIMENTS, PROG, SLICES_BATCHES, SLICES_NODES, SMOKE_BATCH, SMOKE_QUALITY,
-                               SMOKE_WARMUP, Experiment, PlannedRun, describe, launch_command, plan, plan_table,
-                               print_plan, runs, train_flags)
+from .experiment_plans import (EXPERIMENTS, PROG, SMOKE_BATCH, SMOKE_WARMUP, PlannedRun, describe, plan, print_plan,
+                               runs, train_flags)
 from .study import Study
 
-# The plan's names are this module's too: notebooks and scripts call experiments.plan, .launch.
-__all__ = ["COLUMNS", "EXPERIMENTS", "PROG", "SLICES_BATCHES", "SLICES_NODES", "SMOKE_BATCH", "SMOKE_QUALITY",
-           "SMOKE_WARMUP", "STUDY", "Experiment", "ExperimentRun", "PlannedRun", "describe", "execute", "launch",
-           "launch_command", "main", "plan", "plan_table", "print_plan", "row", "runs", "summary", "train_flags"]
+# Public names, the plan's among them: notebooks and tests call experiments.plan and .describe too.
+__all__ = ["EXPERIMENTS", "SMOKE_BATCH", "SMOKE_WARMUP", "STUDY", "ExperimentRun", "PlannedRun", "describe",
+           "execute", "launch", "main", "plan", "print_plan", "runs", "train_flags"]
 
 
 def _world_size() -> int:
