@@ -25,6 +25,7 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from guide_utils.cluster import image as img
+from guide_utils.cluster import podman
 
 REPO = Path(__file__).resolve().parents[1]
 CONTAINERFILE = REPO / "containers" / "Containerfile"
@@ -125,8 +126,8 @@ def test_the_image_trains_one_smoke_epoch_and_carries_only_what_training_needs(i
                " >/results/dists.txt")
     # One thread, as every training process the tests start (conftest.py): the container gets
     # none of the tests' environment unless passed.
-    proc = img.run(image, ["sh", "-c", f"{' '.join(img.SMOKE)} && {listing}"], tmp_path,
-                   env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    proc = podman.run(image, ["sh", "-c", f"{' '.join(img.SMOKE)} && {listing}"], tmp_path,
+                      env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The run's record, read on the host: one epoch that learned something (chance: 90% error).
     (record,) = tmp_path.glob("*.jsonl")

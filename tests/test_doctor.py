@@ -257,7 +257,7 @@ def test_a_job_needs_only_its_own_parts():
 def test_horovods_two_bindings_are_checked_in_their_own_frameworks_interpreters_and_merged():
     """The whole guide: Horovod's PyTorch binding after PyTorch, its TensorFlow binding after
     TensorFlow (TensorFlow imported once), reported as one Horovod."""
-    from guide_utils.cluster.doctor_probes import merge_horovod, run_probes
+    from guide_utils.cluster.doctor.probes import merge_horovod, run_probes
 
     pid = "import os; result = os.getpid()"
     pids = run_probes({"torch": pid, "tensorflow": pid, "horovod": pid, "horovod_tf": pid}, poll_s=0.2)
@@ -306,7 +306,7 @@ result = {"done": True}
 
 
 def test_a_probe_that_is_slow_but_working_is_waited_for():
-    from guide_utils.cluster.doctor_probes import run_probes
+    from guide_utils.cluster.doctor.probes import run_probes
 
     # every pause (0.5 s) is much shorter than the stall limit, the whole run (6 s) longer
     assert run_probes({"slow": SLOW_BUT_WORKING}, stall_s=4, wall_limit_s=120, poll_s=0.2) == {
@@ -314,7 +314,7 @@ def test_a_probe_that_is_slow_but_working_is_waited_for():
 
 
 def test_a_stuck_probe_a_spinning_one_and_a_crashed_one_are_each_named():
-    from guide_utils.cluster.doctor_probes import run_probes
+    from guide_utils.cluster.doctor.probes import run_probes
 
     probes = {"stuck": "import time; time.sleep(600)",
               "spinning": "while True: pass",
@@ -330,14 +330,14 @@ def test_a_stuck_probe_a_spinning_one_and_a_crashed_one_are_each_named():
 
 
 def test_a_probe_over_the_wall_limit_is_given_up():
-    from guide_utils.cluster.doctor_probes import run_probes
+    from guide_utils.cluster.doctor.probes import run_probes
 
     assert run_probes({"long": SLOW_BUT_WORKING}, stall_s=60, wall_limit_s=1, poll_s=0.2) == {
         "long": (None, "importing long took over 1 s")}
 
 
 def test_horovod_is_probed_after_its_framework_and_a_crash_there_keeps_the_framework():
-    from guide_utils.cluster.doctor_probes import run_probes
+    from guide_utils.cluster.doctor.probes import run_probes
 
     pids = run_probes({"torch": "import os; result = os.getpid()", "tensorflow": "import os; result = os.getpid()",
                        "horovod": "import os; result = os.getpid()"}, poll_s=0.2)

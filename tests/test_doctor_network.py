@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from guide_utils.cluster.doctor_probes import expects_plugin, judge_network, network_problems, nccl_network
+from guide_utils.cluster.doctor.probes import expects_plugin, judge_network, network_problems, nccl_network
 
 SLINGSHOT = {"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "FI_CXI_DISABLE_HOST_REGISTER": "1"}
 

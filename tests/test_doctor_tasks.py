@@ -16,8 +16,8 @@ import time
 import pytest
 
 import slurm_cluster
-from guide_utils.cluster import doctor_tasks
-from guide_utils.cluster.doctor_tasks import diagnose, local_probes, probe, read_probes, render
+from guide_utils.cluster.doctor import tasks
+from guide_utils.cluster.doctor.tasks import diagnose, local_probes, probe, read_probes, render
 from guide_utils.runtime.gpus import device_index, visible_devices
 
 JOB = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_ID": "0"}
@@ -201,7 +201,7 @@ def test_local_probes_under_a_launcher_per_node_share_its_task_s_cpus():
             "SLURM_TASKS_PER_NODE": "4(x2)"}
     probes = local_probes(4, step)
     assert [(p["rank"], p["local_rank"], p["cpus_per_task"]) for p in probes] == [(r, r - 4, 2) for r in range(4, 8)]
-    with pytest.raises(doctor_tasks.GuideError, match="--local 0"):
+    with pytest.raises(tasks.GuideError, match="--local 0"):
         local_probes(0, step)
 
 
@@ -211,7 +211,7 @@ def test_the_probe_of_this_process():
     mine = probe()
     assert mine["cpus"] == sorted(os.sched_getaffinity(0))
     assert mine["visible_gpus"] == visible_devices(os.environ)
-    assert json.loads(json.dumps(mine)) == mine and doctor_tasks._invalid(mine) is None
+    assert json.loads(json.dumps(mine)) == mine and tasks._invalid(mine) is None
 
 
 def _run(*args, stdin=None, env=None, cpus=None):

@@ -148,7 +148,7 @@ def test_the_connection_file_is_read_once_it_is_whole(tmp_path):
     it then crashed the cluster's start. It is read once it parses, else one line."""
     import threading
 
-    from guide_utils.cluster.interactive_launch import connection_info, controller_endpoint
+    from guide_utils.cluster.interactive.launch import connection_info, controller_endpoint
 
     path = tmp_path / "security" / "ipcontroller-c1-engine.json"
     path.parent.mkdir()
@@ -195,7 +195,9 @@ class _Unanswered:
 def test_engines_that_do_not_answer_are_asked_again_then_named_in_one_line(monkeypatch, capsys, silent):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(interactive, "IDENTIFY_WAIT", 0.05)
+    from guide_utils.cluster.interactive import engines
+
+    monkeypatch.setattr(engines, "IDENTIFY_WAIT", 0.05)
     cluster = interactive.EngineCluster(n=2, engines="mpi")
     res = SimpleNamespace(client=_Unanswered(silent), cluster=SimpleNamespace(engine_set=None))
     if silent == 1:
@@ -212,8 +214,8 @@ def test_the_last_epochs_line_is_waited_for_when_the_result_comes_first(capsys):
     """ipyparallel sends an engine's result and its printed lines on different channels: the
     result can be in while the last epoch's line is not (ci37: Horovod's epoch line was
     missing from chapter 9's cell). A stand-in result in that state: the line is shown."""
-    from guide_utils.cluster import interactive_follow
-    from guide_utils.cluster.interactive_follow import Follower
+    from guide_utils.cluster.interactive import follow
+    from guide_utils.cluster.interactive.follow import Follower
 
     class ResultFirst:  # the state ipyparallel's AsyncResult.wait_for_output documents
         stdout = ["[train] mnist1d: 3200 train / 800 val samples\n"]
@@ -229,9 +231,9 @@ def test_the_last_epochs_line_is_waited_for_when_the_result_comes_first(capsys):
 
     ar = ResultFirst()
     follower = Follower(make_config("smoke", dist="horovod", epochs=1), 2, live=False, progress=False)
-    interactive_follow.follow(ar, follower, timeout=None, stop=None)
+    follow.follow(ar, follower, timeout=None, stop=None)
     follower.close()
-    assert ar.waited == interactive_follow.OUTPUT_WAIT
+    assert ar.waited == follow.OUTPUT_WAIT
     assert "[train] epoch 1/1" in capsys.readouterr().out
 
 
@@ -239,7 +241,7 @@ def test_mpi_engines_yield_their_core_only_when_they_have_none_to_spare(monkeypa
     """As many MPI engines as cores (the kernel and the controller share them): OpenMPI yields
     while an engine waits. With cores to spare it keeps its default; a notebook's own setting
     is never overridden. Counted for a 2-core and a 64-core node, not this machine's."""
-    from guide_utils.cluster.interactive_launch import engine_environment
+    from guide_utils.cluster.interactive.launch import engine_environment
 
     yield_var = "OMPI_MCA_mpi_yield_when_idle"
     monkeypatch.delenv(yield_var, raising=False)
@@ -263,7 +265,7 @@ def test_mpi_engines_use_loopback_on_one_host_and_the_nodes_interface_on_several
 
     import psutil
 
-    from guide_utils.cluster.interactive_launch import engine_environment
+    from guide_utils.cluster.interactive.launch import engine_environment
     from guide_utils.runtime import launch
 
     lo = launch.loopback_interface()

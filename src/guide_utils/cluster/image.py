@@ -14,11 +14,7 @@ machine: ``python -m guide_utils image build|smoke|save``.
 The Horovod in the image is the wheel ``scripts/setup.sh`` compiled for the venv (cp311, the
 lock's torch): the same build, installed in seconds instead of compiled again.
 
-What podman needs on a machine like the CI VM (rootful, no systemd; podman picks cgroupfs
-and the file events logger by itself there), passed on every call rather than written into
-``/etc/containers``: ``runc`` (Debian 12's crun 1.8.1 refuses hybrid cgroups v1/v2, "drop all
-controllers from cgroupv2"), and resource limits no higher than this process's own, since
-podman's defaults (1048576 open files) need CAP_SYS_RESOURCE, which the VM does not grant.
+How podman is called (its flags on a machine like the CI VM, its errors): :mod:`.podman`.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -41,6 +36,8 @@ from packaging.utils import canonicalize_name
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from ..core.paths import repo_root
+from .podman import (executable, exists, global_flags, image_id, image_size, last_line, podman, run,
+                     run_flags)
 
 PROG = "guide_utils image"
 BASE = "localhost/guide-base:bookworm"
@@ -65,70 +62,6 @@ def pins(path: Path) -> dict[str, str]:
     return out
 
 
-def podman() -> str:
-    """The podman on the PATH, or a GuideError saying how to get it."""
-    path = shutil.which("podman")
-    if path is None:
-        raise GuideError("podman not found: install it (Debian 12: apt-get install podman runc mmdebstrap; "
-                         "scripts/setup.sh does when run as root)")
-    return path
-
-
-def global_flags() -> list[str]:
-    """podman's own flags: runc where it is installed (see the module's docstring)."""
-    return ["--runtime", "runc"] if shutil.which("runc") else []
-
-
-def limits() -> list[str]:
-    """``--ulimit`` flags no higher than this process may set: its hard limits, and for
-    processes at most the kernel's pid_max (above 32768, pid_max on the CI VM, runc's
-    setrlimit fails there even below the hard limit)."""
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    try:
-        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        pid_max = 32768
-    nproc = pid_max if nproc == resource.RLIM_INFINITY else min(nproc, pid_max)
-    nofile = 1048576 if nofile == resource.RLIM_INFINITY else nofile
-    return ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
-
-
-def run_flags() -> list[str]:
-    """What every ``podman run`` and ``podman build`` of the guide takes: the limits and the
-    host's network (no bridge, no firewall rules: the CI VM has neither netavark nor iptables)."""
-    return ["--network=host", *limits()]
-
-
-def _podman(*args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run([podman(), *global_flags(), *args], capture_output=True, text=True, timeout=timeout,
-                              **kwargs)
-    except subprocess.TimeoutExpired:
-        raise GuideError(f"podman {args[0]} did not finish in {timeout:.0f} s") from None
-    if check and proc.returncode != 0:
-        raise GuideError(f"podman {args[0]} failed: {_last_line(proc.stderr)}")
-    return proc
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else "(no message)"
-
-
-def exists(tag: str) -> bool:
-    return _podman("image", "exists", tag, check=False).returncode == 0
-
-
-def image_id(tag: str) -> str:
-    return _podman("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
-
-
-def image_size(tag: str) -> int:
-    """The image's size in bytes (all layers, as ``podman images`` counts them)."""
-    return int(_podman("image", "inspect", "--format", "{{.Size}}", tag).stdout.strip())
-
-
 def base_image(say: Callable[[str], None] = print) -> str:
     """The base image: Debian 12 (minbase) from Debian's archive, made once by mmdebstrap and
     imported; reused when present."""
@@ -142,8 +75,8 @@ def base_image(say: Callable[[str], None] = print) -> str:
         proc = subprocess.run(["mmdebstrap", "--variant=minbase", "--quiet", SUITE, str(tar)],
                               capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            raise GuideError(f"mmdebstrap failed: {_last_line(proc.stderr)}")
-        _podman("import", "--quiet", str(tar), BASE)
+            raise GuideError(f"mmdebstrap failed: {last_line(proc.stderr)}")
+        podman("import", "--quiet", str(tar), BASE)
     return BASE
 
 
@@ -151,10 +84,10 @@ def can_run() -> str | None:
     """None when podman can start a container here, else why not (podman's own last line)."""
     try:
         base = base_image(say=lambda _: None)
-        proc = _podman("run", "--rm", *run_flags(), base, "true", check=False, timeout=120)
+        proc = podman("run", "--rm", *run_flags(), base, "true", check=False, timeout=120)
     except GuideError as exc:
         return str(exc)
-    return None if proc.returncode == 0 else f"podman run failed: {_last_line(proc.stderr)}"
+    return None if proc.returncode == 0 else f"podman run failed: {last_line(proc.stderr)}"
 
 
 def horovod_wheel(cache: Path | None = None) -> Path:
@@ -256,7 +189,7 @@ def _build(context: Path, tag: str, args: list[str], say: Callable[[str], None],
     ca = next((c for c in CA_BUNDLES if Path(c).is_file()), None)
     if ca:
         mounts += ["-v", f"{ca}:/etc/ssl/host-ca.crt:ro"]
-    cmd = [podman(), *global_flags(), "build", *global_flags(), *run_flags(), "--pull=never", *mounts, *args,
+    cmd = [executable(), *global_flags(), "build", *global_flags(), *run_flags(), "--pull=never", *mounts, *args,
            "-t", tag, str(context)]
     start = time.monotonic()
     with log.open("w") as out:
@@ -269,14 +202,14 @@ def _build(context: Path, tag: str, args: list[str], say: Callable[[str], None],
                 say(f"  {time.monotonic() - start:5.0f} s  {m.group(1) or ''}{m.group(2)}{m.group(3)[:70]}")
         if proc.wait() != 0:
             lines = log.read_text().splitlines()
-            raise GuideError(f"podman build of {tag} failed: {_last_line(chr(10).join(lines[-20:]))} (log: {log})")
+            raise GuideError(f"podman build of {tag} failed: {last_line(chr(10).join(lines[-20:]))} (log: {log})")
 
 
 def build(root: Path | None = None, say: Callable[[str], None] = print, log_dir: Path | None = None) -> dict:
     """Build the image, or reuse the one built from the same inputs. Returns its tag, whether
     it was reused, and the seconds the two builds took."""
     root = root or repo_root()
-    podman()  # "not found" as it is, not as a reason it cannot run
+    executable()  # "not found" as it is, not as a reason it cannot run
     begun = time.monotonic()
     had_base = exists(BASE)
     reason = can_run()
@@ -317,19 +250,10 @@ def build(root: Path | None = None, say: Callable[[str], None] = print, log_dir:
 
 def _untag_others(*keep: str) -> None:
     """Older tags of the two repositories go (their layers stay while another image uses them)."""
-    out = _podman("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
+    out = podman("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
     old = [t for t in out if t.split(":")[0] in (REPO, ENV_REPO) and t not in keep]
     if old:
-        _podman("rmi", *old, check=False)
-
-
-def run(tag: str, command: list[str], results: Path | None = None, timeout: float = 900,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``command`` in a fresh container of ``tag`` (which gets none of this environment but
-    ``env``); ``results`` (on the host) is /results inside."""
-    mounts = ["-v", f"{results}:/results"] if results else []
-    envs = [f"--env={k}={v}" for k, v in (env or {}).items()]
-    return _podman("run", "--rm", *run_flags(), *mounts, *envs, tag, *command, check=False, timeout=timeout)
+        podman("rmi", *old, check=False)
 
 
 SMOKE = ["python", "-m", "guide_utils.train", "--profile", "smoke", "--epochs", "1", "--no-progress",
@@ -343,7 +267,7 @@ def smoke(tag: str, results: Path) -> dict:
     proc = run(tag, SMOKE, results)
     wall = round(time.monotonic() - start, 1)
     if proc.returncode != 0:
-        raise GuideError(f"the smoke epoch in {tag} failed: {_last_line(proc.stderr)}")
+        raise GuideError(f"the smoke epoch in {tag} failed: {last_line(proc.stderr)}")
     records = sorted(results.glob("*.jsonl"))
     if len(records) != 1:
         raise GuideError(f"the smoke epoch in {tag} wrote {len(records)} records in {results}, not one")
@@ -358,7 +282,7 @@ def save(tag: str, out: Path) -> Path:
     converts where Apptainer runs. An existing ``out`` is refused (podman would replace it)."""
     if out.exists():
         raise GuideError(f"{out} exists; remove it or choose another file for the archive")
-    _podman("save", "--format", "docker-archive", "-o", str(out), tag, timeout=1800)
+    podman("save", "--format", "docker-archive", "-o", str(out), tag, timeout=1800)
     return out
 
 
@@ -428,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             line = {"machine": hardware_label(), "image": built["tag"], "size_bytes": image_size(built["tag"]),
                     "build": built,
                     "smoke": {k: v for k, v in measured.items() if k != "record"},
-                    "podman": _podman("--version").stdout.strip(),
+                    "podman": podman("--version").stdout.strip(),
                     "load_average_15min": round(os.getloadavg()[2], 1),  # other work on the machine
                     "commit": _commit()}
             _append(Path(args.record), line)

@@ -1,5 +1,5 @@
 """Which GPUs a process may use, and which of them a rank takes: one rule, shared by the
-engine (``engine.distributed``) and the per-task check (``cluster.doctor_tasks``), so that
+engine (``engine.distributed``) and the per-task check (``cluster.doctor.tasks``), so that
 the check judges the GPU the training will really use. No torch here: the check runs in
 every task of a job and must start at once.
 

@@ -1,6 +1,6 @@
 """``python -m guide_utils links``: a cluster of hosts on this machine, joined by links of a
 chosen rate (and delay, where the kernel has netem), to see the network term of the step
-model hold or fail (network namespaces, a bridge, tc; see :mod:`guide_utils.perf.links`).
+model hold or fail (network namespaces, a bridge, tc; see :mod:`guide_utils.perf.links.emulated`).
 
   rate     build the links, measure their rate and latency (one TCP connection), remove them
   run      build the links, run a command on every host (each in its namespace, on its core), remove them
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import sys
 
-from ..core.cli import ArgumentParser, one_line_errors
-from ..core.errors import GuideError
+from ...core.cli import ArgumentParser, one_line_errors
+from ...core.errors import GuideError
 
 PROG = "python -m guide_utils links"
 
@@ -52,8 +52,8 @@ def build_parser() -> ArgumentParser:
 
 
 def _rate(args) -> int:
-    from .links import Cluster, Link
-    from .links_study import measure_rate
+    from .emulated import Cluster, Link
+    from .study import measure_rate
 
     with Cluster(args.workers, Link.of(args.rate, args.delay)) as cluster:
         r = measure_rate(cluster)
@@ -65,8 +65,8 @@ def _rate(args) -> int:
 
 
 def _run(args) -> int:
-    from ..runtime import local
-    from .links import Cluster, Link
+    from ...runtime import local
+    from .emulated import Cluster, Link
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -83,9 +83,9 @@ def _run(args) -> int:
 
 
 def _measure(args) -> int:
-    from . import record
-    from .links import Link
-    from .links_study import measure, table
+    from .. import record
+    from .emulated import Link
+    from .study import measure, table
 
     if args.workers != 2:
         raise GuideError("the study measures 2 workers (--workers 2)")
@@ -101,7 +101,7 @@ def _show(args) -> int:
     import json
     from pathlib import Path
 
-    from .links_study import recorded, table
+    from .study import recorded, table
 
     if args.file:
         lines = [json.loads(x) for x in Path(args.file).read_text(encoding="utf-8").splitlines() if x.strip()]
@@ -117,7 +117,7 @@ def _show(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.what == "clean":
-        from .links import clean, privileges
+        from .emulated import clean, privileges
 
         reason = privileges()
         if reason:

@@ -10,9 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ..core.config import TrainConfig
-from ..core.errors import GuideError
-from .interactive_launch import controller_address
+from ...core.config import TrainConfig
+from ...core.errors import GuideError
+from .launch import controller_address
 
 
 def one_line_errors() -> None:
@@ -36,7 +36,7 @@ def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = Non
                controller_ip: str | None = None, walltime: str = "01:00:00") -> None:
     """What ``EngineCluster(n, engines=...).train(cfg)`` would do, started nowhere: the
     engines, the controller address, the training, and the batch script Slurm engines get."""
-    from ..studies.experiment_plans import PlannedRun, describe
+    from ...studies.experiment_plans import PlannedRun, describe
 
     settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "extra"}
     ip = controller_address(controller_ip)
@@ -47,8 +47,8 @@ def print_plan(cfg: TrainConfig, *, n: int, engines: str, site: str | None = Non
     print(textwrap.fill(f"{describe(PlannedRun('interactive', n, settings), profile)}; --dist {cfg.dist}", 100,
                         initial_indent="    ", subsequent_indent="        "))
     if engines == "slurm" or site:
-        from ..core.paths import repo_root
-        from .sites import engines_batch_script, read_site
+        from ...core.paths import repo_root
+        from ..sites import engines_batch_script, read_site
 
         s = read_site(site)
         script = engines_batch_script(s, n, walltime=walltime, log="logs/ipengine-<cluster>-%j.out",

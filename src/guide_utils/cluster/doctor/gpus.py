@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ..runtime.gpus import NO_DEVICES, VISIBLE
+from ...runtime.gpus import NO_DEVICES, VISIBLE
 
 # Variables that give a process GPUs: device lists (launchers and Slurm's GRES plugin set
 # them), then Slurm's counts. The first that names a GPU is the one the message quotes.

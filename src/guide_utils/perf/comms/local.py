@@ -12,18 +12,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import GuideError
-from .comms_results import meta
-from .comms_runtimes import RUNTIMES, unavailable
+from ...core.errors import GuideError
+from .results import meta
+from .runtimes import RUNTIMES, unavailable
 
 # Horovod's tensor-fusion settings tried by --knobs, (threshold MiB, cycle time ms); 128 MiB
-# and 1 ms are Horovod's defaults (comms_runtimes.HOROVOD_DEFAULTS).
+# and 1 ms are Horovod's defaults (runtimes.HOROVOD_DEFAULTS).
 HOROVOD_GRID = ((0, 1.0), (1, 1.0), (8, 1.0), (32, 1.0), (128, 1.0), (128, 5.0), (128, 20.0))
 
 
 def launch_local(runtime: str, workers: int, worker_args: list[str], *, timeout: float = 900) -> list[dict[str, Any]]:
     """Start ``workers`` processes of this command on this machine for ``runtime``; their rows."""
-    from ..runtime import launch, local
+    from ...runtime import launch, local
 
     with tempfile.TemporaryDirectory(prefix="guide-comms-") as tmp:
         out = Path(tmp) / "rows.jsonl"

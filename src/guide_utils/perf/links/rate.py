@@ -4,7 +4,7 @@
 median, halved, is the one-way latency of an idle link), then ``size`` bytes in one stream,
 timed from the first byte sent to the receiver's acknowledgement that the last one arrived
 (so the queue in the shaper counts: what arrives, not what left the sender's buffer).
-``python -m guide_utils.perf.links_rate send|serve ...`` is how :mod:`guide_utils.perf.links`
+``python -m guide_utils.perf.links.rate send|serve ...`` is how :mod:`guide_utils.perf.links.study`
 starts them inside the namespaces; ``send`` prints one JSON line.
 """
 
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["send"]:
         print(json.dumps(send(argv[1], int(argv[2]), int(argv[3]))), flush=True)
         return 0
-    print("usage: python -m guide_utils.perf.links_rate serve ADDR PORT | send ADDR PORT BYTES", file=sys.stderr)
+    print("usage: python -m guide_utils.perf.links.rate serve ADDR PORT | send ADDR PORT BYTES", file=sys.stderr)
     return 2
 
 

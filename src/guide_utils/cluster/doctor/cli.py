@@ -4,7 +4,7 @@ It reports the software stack (Python, PyTorch, torchvision, TensorFlow, Horovod
 Horovod was built with), the MPI on the PATH, the GPUs, and, inside a Slurm job, the job's
 shape; then it warns about each misconfiguration it can see. It exits non-zero only when
 the stack cannot run the job at all, and says why. ``--tasks FILE`` judges instead what each
-task of a job really got (``doctor_tasks``: the lines of ``task-probe``).
+task of a job really got (``tasks``: the lines of ``task-probe``).
 
 Which job: ``--framework pytorch|tensorflow`` and ``--dist none|ddp|horovod|mwms``. A DDP or
 MultiWorkerMirroredStrategy job needs no Horovod, so a missing Horovod is a problem only for
@@ -14,29 +14,23 @@ TensorFlow), which keeps the doctor at the top of every batch job quick. Without
 TensorFlow as far as it is there.
 
 The work is split so each part can be tested on its own: :func:`gather` reads the facts
-(``doctor_facts``, running the ``doctor_probes``), :func:`diagnose` turns facts into
-warnings and problems (``doctor_diagnosis``, a pure function), and :func:`render` prints
-them (``doctor_report``).
+(``facts``, running the ``probes``), :func:`diagnose` turns facts into warnings and problems
+(``diagnosis``, a pure function), and :func:`render` prints them (``report``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
 
-from ..core.cli import ArgumentParser, one_line_errors
-from ..core.config import PROFILES, make_config
+from ...core.cli import ArgumentParser, one_line_errors
+from ...core.config import PROFILES, make_config
 
-# The command and its public face; the parts, one module per job, are named above.
-from .doctor_diagnosis import EXPECTED, Diagnosis, diagnose, diagnose_job
-from .doctor_facts import DEFAULT_LOADER_WORKERS, DISTS, FRAMEWORKS, Facts, Job, gather
-from .doctor_probes import network_report
-from .doctor_report import render
-from .doctor_tasks import check as check_tasks
-
-__all__ = ["DEFAULT_LOADER_WORKERS", "DISTS", "EXPECTED", "FRAMEWORKS", "PROG", "Diagnosis", "Facts", "Job",
-           "diagnose", "diagnose_job", "gather", "main", "render"]
+from .diagnosis import diagnose
+from .facts import DEFAULT_LOADER_WORKERS, DISTS, FRAMEWORKS, Job, gather
+from .probes import network_report
+from .report import render
+from .tasks import check as check_tasks
 
 PROG = "python -m guide_utils doctor"
 
@@ -77,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.loader_workers is None:
         args.loader_workers = make_config(args.profile).loader_workers
         if args.loader_workers == "auto":  # what the engine picks on a GPU with this process's CPUs
-            from ..runtime.cpus import default_loader_workers
+            from ...runtime.cpus import default_loader_workers
 
             args.loader_workers = default_loader_workers("cuda")
     job = Job(args.framework or ("pytorch" if args.dist in ("ddp", "none") else
@@ -91,7 +85,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(render(facts, diagnosis))
     return 0 if diagnosis.usable else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

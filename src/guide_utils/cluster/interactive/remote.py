@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 
-from ..core.config import TrainConfig
+from ...core.config import TrainConfig
 
 
 def whoami() -> tuple[int, int, str]:
@@ -22,7 +22,7 @@ def run_on_engine(cfg: TrainConfig, rendezvous: tuple[str, int] | None):
     """One rank of the job: the engine's MPI rank; for DDP, torchrun's variables for this run."""
     from mpi4py import MPI
 
-    from ..engine import train
+    from ...engine import train
 
     env: dict[str, str] = {}
     if rendezvous is not None:

@@ -2,7 +2,7 @@
 
 Each runtime (Horovod over Gloo or MPI, ``torch.distributed`` over Gloo, MPI or NCCL) is
 wrapped in one object with the same few operations, so that the measurements
-(``comms_measure``, ``comms_gradients``) are written once; :func:`unavailable` says in one
+(``measure``, ``gradients``) are written once; :func:`unavailable` says in one
 line why a runtime cannot run on this machine.
 """
 
@@ -12,7 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ..core.errors import GuideError
+from ...core.errors import GuideError
 
 MIB = 2**20
 
@@ -55,7 +55,7 @@ class Comm:
 
 class HorovodComm(Comm):
     def __init__(self, requested: str):
-        from ..engine import distributed
+        from ...engine import distributed
 
         self.dist = distributed.init("horovod")
         self.hvd = hvd = self.dist._hvd
@@ -101,7 +101,7 @@ class TorchComm(Comm):
         import torch
         import torch.distributed as tdist
 
-        from ..runtime import launchers
+        from ...runtime import launchers
 
         launcher = launchers.require("ddp")
         launcher.export_torch_env()  # what the launcher did not set (srun: ranks and rendezvous from the step)

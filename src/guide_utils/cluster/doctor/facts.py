@@ -9,10 +9,10 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..core.errors import GuideError
-from ..runtime.slurm import SlurmJob
-from .doctor_gpus import COUNTS, DEVICE_LISTS
-from .doctor_probes import HOROVOD_BINDINGS, PROBES, merge_horovod, mpi_version, run_probes
+from ...core.errors import GuideError
+from ...runtime.slurm import SlurmJob
+from .gpus import COUNTS, DEVICE_LISTS
+from .probes import HOROVOD_BINDINGS, PROBES, merge_horovod, mpi_version, run_probes
 
 # The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
 DEFAULT_LOADER_WORKERS = 4
@@ -61,7 +61,7 @@ class Job:
         names = {"torch": "pytorch" in self.frameworks, "tensorflow": "tensorflow" in self.frameworks,
                  "horovod": self.needs_horovod, "horovod_tf": self.needs_horovod and both}
         code = dict(PROBES)
-        # each binding after its own framework (doctor_probes.merge_horovod joins them)
+        # each binding after its own framework (probes.merge_horovod joins them)
         code["horovod"] = f"FRAMEWORKS = {[HOROVOD_BINDINGS[self.frameworks[0]]]!r}\n" + PROBES["horovod"]
         code["horovod_tf"] = f"FRAMEWORKS = {[HOROVOD_BINDINGS['tensorflow']]!r}\n" + PROBES["horovod"]
         return {name: code[name] for name, wanted in names.items() if wanted}

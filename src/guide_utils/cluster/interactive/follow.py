@@ -10,8 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from ..core.config import TrainConfig
-from ..core.errors import GuideError
+from ...core.config import TrainConfig
+from ...core.errors import GuideError
 
 EPOCH_LINE = re.compile(r"^\[train\] epoch (\d+)/(\d+)")
 RECORD = re.compile(r"; record (\S+\.jsonl)$")
@@ -89,7 +89,7 @@ class _LivePlot:
         plt.close(self.fig)  # shown through the handle only
 
     def update(self, record: str) -> None:
-        from ..core.records import read_run
+        from ...core.records import read_run
 
         epochs = read_run(record).epochs
         self.ax.clear()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .doctor_diagnosis import Diagnosis
-from .doctor_facts import Facts
+from .diagnosis import Diagnosis
+from .facts import Facts
 
 
 def _mark(flags: Mapping[str, bool] | None) -> str:

@@ -1,9 +1,9 @@
 """The step model's network term against emulated links: predicted vs measured efficiency.
 
 For each link (rate, and a delay where the kernel has netem) of a two-host emulated cluster
-(:mod:`.links`), :func:`measure` records
+(:mod:`.emulated`), :func:`measure` records
 
-* the link as measured: rate and latency of one TCP connection (:mod:`.links_rate`);
+* the link as measured: rate and latency of one TCP connection (:mod:`.rate`);
 * the guide's allreduce benchmark (``comms``: time and bus bandwidth by message size) over
   DDP's Gloo, Horovod's Gloo and Horovod's MPI;
 * a short training of chapter 10's model (ResNet-18, 64 px synthetic images, 16 per worker,
@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from .links import Cluster, Link, privileges
-from .links_launch import RUNTIMES, SETUP, comms_sweep, train
+from .emulated import Cluster, Link, privileges
+from .launch import RUNTIMES, SETUP, comms_sweep, train
 
 RECORDED = "links.jsonl"
 LINKS = ("100Mbit/s", "1Gbit/s", "10Gbit/s")
@@ -37,7 +37,7 @@ REGENERATE = "python -m guide_utils links measure --record src/guide_utils/resul
 def steps_for(link: Link) -> int:
     """Training steps per run: the meter leaves out 10 warm-up steps; then about 8 s of
     measured steps on an idle machine (a 100 Mbit/s step takes about 4 s), 5 to 10."""
-    from .model import PARAMETERS
+    from ..model import PARAMETERS
 
     step_s = PARAMETERS[MODEL] * 4 / link.rate + 0.15
     return 10 + max(5, min(10, int(8 / step_s)))
@@ -52,11 +52,11 @@ def measure_rate(cluster: Cluster, size: int | None = None, timeout: float = 120
     import json
     import sys
 
-    from ..runtime import local
-    from .links import PORT
+    from ...runtime import local
+    from .emulated import PORT
 
     size = size or int(min(512 * 2**20, max(4 * 2**20, cluster.link.rate * 2)))
-    tool = [sys.executable, "-m", "guide_utils.perf.links_rate"]
+    tool = [sys.executable, "-m", "guide_utils.perf.links.rate"]
     serve = [*cluster.prefix(1), *tool, "serve", cluster.addresses[1], str(PORT + 1)]
     send = [*cluster.prefix(0), *tool, "send", cluster.addresses[1], str(PORT + 1), str(size)]
     done = local.run([serve, send], timeout=timeout, show=False)
@@ -65,7 +65,7 @@ def measure_rate(cluster: Cluster, size: int | None = None, timeout: float = 120
 
 def available() -> dict[str, str | None]:
     """Each runtime, and why it cannot run here (None: it can)."""
-    from .comms_runtimes import unavailable
+    from ..comms.runtimes import unavailable
 
     return {r: unavailable(r, 2) for r in RUNTIMES}
 
@@ -104,8 +104,8 @@ def measure_link(cluster: Cluster, link: Link, runtimes: list[str], *, max_bytes
 def measure(links: list[Link], *, runtimes: list[str] | None = None, max_bytes: str = "16M",
             say: Callable[[str], None] = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The whole study: ``(provenance, rows)``."""
-    from ..core.errors import GuideError
-    from .record import provenance
+    from ...core.errors import GuideError
+    from ..record import provenance
 
     reason = privileges()
     if reason:
@@ -131,7 +131,7 @@ def measure(links: list[Link], *, runtimes: list[str] | None = None, max_bytes: 
 
 def recorded(name: str = RECORDED) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The study as recorded on the guide's CI machine: ``(provenance, rows)``."""
-    from . import record
+    from .. import record
 
     return record.read(name)
 
@@ -142,7 +142,7 @@ def table(rows: list[dict[str, Any]]):
     link rate the measured step implies (``implied_Mbit``)."""
     import pandas as pd
 
-    from .model import PARAMETERS, Network, Workload, calibrate_network, predict
+    from ..model import PARAMETERS, Network, Workload, calibrate_network, predict
 
     links = {r["link"]: r for r in rows if r["kind"] == "link"}
     alone_of = {r["link"]: r["images_per_second"] for r in rows if r["kind"] == "alone"}

@@ -3,7 +3,7 @@
 ``time_s`` is the slowest rank's mean over the timed iterations (a collective is done when
 its last rank is), ``cpu_s`` the CPU time the process spent per allreduce; ``algbw`` and
 ``busbw`` are nccl-tests' bandwidths (NVIDIA/nccl-tests, doc/PERFORMANCE.md). The timing
-and the row format are shared with the gradient-list measurements (``comms_gradients``).
+and the row format are shared with the gradient-list measurements (``gradients``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ..core.errors import GuideError
-from .comms_runtimes import MIB, Comm
-from .units import human_bytes  # noqa: F401 - in the doctest of sizes()
+from ...core.errors import GuideError
+from .runtimes import MIB, Comm
+from ..units import human_bytes  # noqa: F401 - in the doctest of sizes()
 
 
 def algbw(size_bytes: float, seconds: float) -> float:

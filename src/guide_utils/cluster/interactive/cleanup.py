@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import watchdog
+from .. import watchdog
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Starting the guide's workers across the hosts of an emulated cluster (:mod:`.links`).
+"""Starting the guide's workers across the hosts of an emulated cluster (:mod:`.emulated`).
 
 The launchers a cluster uses, each given what it expects of a cluster:
 
@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import GuideError
-from .links import Cluster
+from ...core.errors import GuideError
+from .emulated import Cluster
 
 RUNTIMES = ("torch-gloo", "horovod-gloo", "horovod-mpi")
 FRAMEWORK = {"torch-gloo": "ddp", "horovod-gloo": "horovod", "horovod-mpi": "horovod"}
@@ -86,7 +86,7 @@ def commands(cluster: Cluster, runtime: str, module: str, args: list[str], folde
 
 def run(cluster: Cluster, runtime: str, module: str, args: list[str], *, timeout: float = 600):
     """Run ``python -m module args`` on every host with ``runtime``; the processes' results."""
-    from ..runtime import local
+    from ...runtime import local
 
     with tempfile.TemporaryDirectory(prefix="guide-links-") as tmp:
         argvs, each = commands(cluster, runtime, module, args, Path(tmp))
@@ -109,8 +109,8 @@ def comms_sweep(cluster: Cluster, runtime: str, max_bytes: str, *, budget: str =
 def train(cluster: Cluster | None, runtime: str | None, flags: list[str], *, timeout: float = 900) -> float:
     """Images/s of a short training run of the guide's engine: across the cluster with
     ``runtime``, or (``cluster`` None) one worker alone, pinned to the first core."""
-    from ..runtime import local
-    from .runs import _records_rate
+    from ...runtime import local
+    from ..runs import _records_rate
 
     with tempfile.TemporaryDirectory(prefix="guide-links-train-") as tmp:
         args = [*flags, "--results-dir", tmp, "--no-progress", "--quiet"]

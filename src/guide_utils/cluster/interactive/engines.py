@@ -49,26 +49,19 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.config import TrainConfig
-from ..core.errors import GuideError
-from ..runtime.ports import LOOPBACK, free_port
-from ..runtime.slurm import without_outer_job
-from . import watchdog
+from ...core.config import TrainConfig
+from ...core.errors import GuideError
+from ...runtime.ports import LOOPBACK, free_port
+from ...runtime.slurm import without_outer_job
+from .. import watchdog
 
-# The cluster and its public face. Its parts live in a module per job: the checks and what
-# the engines start with (interactive_launch), clean-up (interactive_cleanup), following rank
-# 0 (interactive_follow), what runs on the engines (interactive_remote) and the notebook's
-# helpers (interactive_notebook).
-from .interactive_cleanup import Resources, cleanup, job_state, queue_info
-from .interactive_follow import EPOCH_LINE, RECORD, Follower, QueueLine, follow, in_notebook
-from .interactive_launch import (connection_info, controller_address, controller_endpoint, controller_engine_ports,
-                                 engine_environment, engine_port_spec, mpiexec_args, require_ipyparallel, require_mpi)
-from .interactive_notebook import one_line_errors, print_plan
-from .interactive_remote import run_on_engine, whoami
-
-__all__ = ["DEFAULT_TIMEOUT", "ENGINE_KINDS", "EPOCH_LINE", "HEARTBEAT_MISSES", "LOOPBACK", "RECORD", "EngineCluster",
-           "InteractiveResult", "controller_address", "job_state", "one_line_errors", "print_plan",
-           "require_ipyparallel"]
+# The parts, a module each: the checks and what the engines start with (launch), clean-up
+# (cleanup), following rank 0 (follow) and what runs on the engines (remote).
+from .cleanup import Resources, cleanup, job_state, queue_info
+from .follow import Follower, QueueLine, follow, in_notebook
+from .launch import (connection_info, controller_address, controller_endpoint, controller_engine_ports,
+                     engine_environment, engine_port_spec, mpiexec_args, require_ipyparallel, require_mpi)
+from .remote import run_on_engine, whoami
 
 ENGINE_KINDS = ("mpi", "slurm")
 # Seconds for the engines to register once they run (for Slurm engines: once their job has
@@ -107,7 +100,7 @@ class InteractiveResult:
 
     @property
     def run(self):
-        from ..core.records import read_run
+        from ...core.records import read_run
 
         return read_run(self.record_path)
 
@@ -186,7 +179,7 @@ class EngineCluster:
         if self.engines == "mpi":
             require_mpi(self.n)
         else:
-            from . import sites
+            from .. import sites
 
             self.site = sites.read_site(self.site_name)
             sites.check_against_cluster(self.site, self.n)
@@ -212,7 +205,7 @@ class EngineCluster:
             self._finalizer()
 
     def _log_dir(self) -> Path:
-        from ..core.paths import repo_root
+        from ...core.paths import repo_root
 
         d = self.log_dir or Path(os.environ.get("GUIDE_LOG_DIR") or repo_root() / "logs")
         d.mkdir(parents=True, exist_ok=True)
@@ -234,7 +227,7 @@ class EngineCluster:
             cluster.start_engines_sync(self.n, environment=env, engine_args=beats,
                                        mpi_args=self.mpi_args if self.mpi_args is not None else mpiexec_args())
         else:
-            from .sites import engines_batch_script
+            from ..sites import engines_batch_script
 
             log = self._log_dir() / f"ipengine-{res.cluster_id}-%j.out"
             script = engines_batch_script(self.site, self.n, walltime=self.walltime, log=str(log),
@@ -307,7 +300,7 @@ class EngineCluster:
         lines = tail.strip().splitlines()[-15:] or ["(empty: the job has not started)"]
         print(f"--- the last lines of {log}:\n" + "\n".join(lines), flush=True)
         hint = ""
-        from ..runtime.slurm import SlurmJob
+        from ...runtime.slurm import SlurmJob
 
         job = SlurmJob.from_env()
         elsewhere = self.engines == "slurm" or (job is not None and job.num_nodes > 1)

@@ -32,9 +32,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import GuideError
-from .model import parse_latency
-from .units import parse_bandwidth
+from ...core.errors import GuideError
+from ..model import parse_latency
+from ..units import parse_bandwidth
 
 PREFIX = "guidelk"  # every namespace this module makes is named guidelk<pid>-<what>
 SUBNET = "10.213.0"  # hosts .1 to .N: private addresses that exist only inside the namespaces

@@ -37,23 +37,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.cli import ArgumentParser, one_line_errors
-from ..core.errors import GuideError
-
-# The command and its public face. The parts live in a module per job: the runtimes
-# (comms_runtimes), the sweep (comms_measure), the gradient list (comms_gradients), starting
-# workers without a launcher (comms_local), rows and tables (comms_results).
-from .comms_gradients import DDP_BUCKETS_MB, METHODS, gradient_shapes, measure_ddp_buckets, measure_gradients
-from .comms_local import HOROVOD_GRID, argparse_copy, launch_local, run_local
-from .comms_measure import algbw, busbw, iterations, measure_sizes, sizes
-from .comms_results import RECORD_COMMAND, format_rows, meta, read_rows, recorded, table
-from .comms_runtimes import HOROVOD_DEFAULTS, MIB, RUNTIMES, Runtime, connect, unavailable
-from .units import parse_bytes
-
-__all__ = ["DDP_BUCKETS_MB", "HOROVOD_DEFAULTS", "HOROVOD_GRID", "METHODS", "MIB", "PROG", "RECORD_COMMAND", "RUNTIMES",
-           "Runtime", "algbw", "argparse_copy", "build_parser", "busbw", "connect", "format_rows", "gradient_shapes",
-           "iterations", "launch_local", "main", "measure_ddp_buckets", "measure_gradients", "measure_sizes", "meta",
-           "plan_lines", "read_rows", "recorded", "run_local", "run_worker", "sizes", "table", "unavailable"]
+from ...core.cli import ArgumentParser, one_line_errors
+from ...core.errors import GuideError
+from ..units import parse_bytes
+from .gradients import DDP_BUCKETS_MB, METHODS, gradient_shapes, measure_gradients
+from .local import run_local
+from .measure import algbw, busbw, iterations, measure_sizes, sizes  # noqa: F401 - algbw, busbw: the doctest
+from .results import RECORD_COMMAND, format_rows, meta, read_rows
+from .runtimes import RUNTIMES, connect, unavailable
 
 PROG = "python -m guide_utils comms"
 
@@ -117,7 +108,7 @@ def _fusion_bytes(text: str) -> int:
 
 def run_worker(args, message_sizes: list[int]) -> list[dict[str, Any]]:
     """This process is one worker of a launched job: measure, and return rank 0's rows."""
-    from ..runtime import launchers
+    from ...runtime import launchers
 
     launcher = launchers.detect()
     runtime = (args.runtime or [None])[0] or ("horovod" if launcher.prefers("horovod") else
@@ -159,7 +150,7 @@ def plan_lines(profile: str) -> list[str]:
 
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
-    from ..runtime import launchers
+    from ...runtime import launchers
 
     launched = launchers.detect() is not None  # read before a runtime's init adds variables
     args = build_parser().parse_args(argv)
@@ -175,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:  # not rank 0
         return 0
     if args.record:
-        from .record import write
+        from ..record import write
 
         import shlex
 
@@ -193,7 +184,3 @@ def main(argv: list[str] | None = None) -> int:
     elif not (args.out and launched):
         print(format_rows(rows), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

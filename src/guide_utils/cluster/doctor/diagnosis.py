@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runtime.slurm import SlurmJob
-from .doctor_facts import DEFAULT_LOADER_WORKERS, Facts
-from .doctor_gpus import gpu_problems
-from .doctor_probes import HOROVOD_BINDINGS
+from ...runtime.slurm import SlurmJob
+from .facts import DEFAULT_LOADER_WORKERS, Facts
+from .gpus import gpu_problems
+from .probes import HOROVOD_BINDINGS
 
 # The versions the guide is tested with: Horovod 0.28.1 builds against TensorFlow 2.15 at most.
 EXPECTED = {"horovod": "0.28.1", "tensorflow": "2.15"}

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..core.errors import GuideError
-from ..core.paths import pythonpath
-from ..runtime.ports import LOOPBACK
+from ...core.errors import GuideError
+from ...core.paths import pythonpath
+from ...runtime.ports import LOOPBACK
 
 
 def require_ipyparallel():
@@ -38,7 +38,7 @@ def require_mpi(n: int) -> None:
     if not shutil.which("mpiexec"):
         raise GuideError("mpiexec not found: load your MPI (module load ...) or apt-get install openmpi-bin; "
                          "or use engines='slurm'")
-    from ..runtime.slurm import SlurmJob
+    from ...runtime.slurm import SlurmJob
 
     job = SlurmJob.from_env()
     if job is not None and n > job.ntasks:
@@ -114,7 +114,7 @@ def engine_environment(engines: str, n: int) -> dict[str, str]:
     halved the time of a 2-engine Horovod run."""
     env = {"PYTHONPATH": pythonpath(), "PYTHONUNBUFFERED": "1"}
     if engines == "mpi":
-        from ..runtime.launch import environment
+        from ...runtime.launch import environment
 
         full = environment(engine_hosts())
         env.update({k: v for k, v in full.items() if os.environ.get(k) != v})
@@ -126,7 +126,7 @@ def engine_environment(engines: str, n: int) -> dict[str, str]:
 def engine_hosts() -> list[str]:
     """The hosts mpiexec may start engines on: the allocation's nodes inside a Slurm job
     (OpenMPI's mpiexec uses all of them), else this host alone (an empty list)."""
-    from ..runtime.slurm import SlurmJob
+    from ...runtime.slurm import SlurmJob
 
     job = SlurmJob.from_env()
     return job.nodes if job is not None and len(job.nodes) > 1 else []

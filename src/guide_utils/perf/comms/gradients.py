@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .comms_measure import result_row, timed
-from .comms_runtimes import Comm, HorovodComm, TorchComm
+from .measure import result_row, timed
+from .runtimes import Comm, HorovodComm, TorchComm
 
 DDP_BUCKETS_MB = (1, 5, 25, 100)  # 25: DDP's default bucket_cap_mb
 METHODS = ("one-by-one", "async-all", "async-all-fp16", "one-buffer")
@@ -18,7 +18,7 @@ METHODS = ("one-by-one", "async-all", "async-all-fp16", "one-buffer")
 def gradient_shapes(model: str = "resnet50") -> list[tuple[int, ...]]:
     """The shapes of ``model``'s parameters, in the order the model holds them (torchvision
     models with 1000 classes; the guide's small models as the smoke profile builds them)."""
-    from ..engine.models import build_model
+    from ...engine.models import build_model
 
     shape = {"mnist1d_cnn": (1, 40), "small_resnet": (3, 32, 32)}.get(model, (3, 224, 224))
     classes = 10 if model in ("mnist1d_cnn", "small_resnet") else 1000

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .comms_runtimes import MIB
-from .units import human_bytes
+from .runtimes import MIB
+from ..units import human_bytes
 
 RECORD_COMMAND = ("python -m guide_utils comms --knobs --fp16 --record "
                   "src/guide_utils/results/recorded/comms_local.jsonl")
@@ -17,7 +17,7 @@ RECORD_COMMAND = ("python -m guide_utils comms --knobs --fp16 --record "
 
 def meta(**fields: Any) -> dict[str, Any]:
     """When, where and with what a measurement ran: the first row of every result."""
-    from .record import provenance
+    from ..record import provenance
 
     return {**provenance(**fields), "kind": "meta"}
 
@@ -62,7 +62,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 def recorded(name: str = "comms_local.jsonl") -> list[dict[str, Any]]:
     """The comms benchmark recorded on the guide's CI machine (:data:`RECORD_COMMAND`); the
     first row is its provenance."""
-    from .record import read
+    from ..record import read
 
     first, rows = read(name)
     return [first, *rows]
