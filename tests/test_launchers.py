@@ -289,7 +289,7 @@ def test_the_rendezvous_command_checks_the_port_on_the_first_node(held_port):
 def test_the_task_probe_under_mpirun_reports_the_mpi_rank():
     """Under mpirun the probe used to read SLURM_PROCID, the daemon's task (rank 1 for ranks
     2 and 3), so doctor --tasks saw two ranks 1 on a node and none 2 or 3."""
-    from guide_utils.cluster.doctor_tasks import probe
+    from guide_utils.cluster.doctor.tasks import probe
 
     assert [probe({**MPIRUN_IN_SLURM, "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_RANK": str(r - 2)})
             ["rank"] for r in (2, 3)] == [2, 3]
@@ -322,3 +322,111 @@ def test_the_launcher_classes_parse_ranks_in_one_place():
                 assert not reads, f"{path.name}:{call.lineno} parses a variable itself"
         assert "os.environ" not in path.read_text(), path.name
 
+
+
+# --- the scheduler is not the launcher's: Slurm, LSF and PBS alike --------------------------------
+
+# PBS Pro, job 4242 of the array 4242[] (subjob 3), two chunks of 2 MPI slots on x1001 and x1002.
+PBS_JOB = {"PBS_JOBID": "4242[3].pbs01", "PBS_ARRAY_INDEX": "3", "PBS_O_WORKDIR": "/home/me/run"}
+# The facts a scheduler owns: a launcher outside Slurm overrides none of them.
+SCHEDULER_FACTS = {"job", "job_id", "rendezvous_key", "announce_file", "cpus_asked", "SUBMIT_DIR"}
+
+
+@pytest.mark.parametrize("env, number", [
+    ({"SLURM_JOB_ID": "5120337"}, 5120337), ({"SLURM_JOB_ID": "5120337_12"}, 5120337),
+    ({"PBS_JOBID": "1234.server"}, 1234), ({"PBS_JOBID": "1234[5].pbs01.example.org"}, 1234),
+    ({"PBS_JOBID": "1234[].pbs01"}, 1234), ({"LSB_JOBID": "31337"}, 31337), ({"LSB_JOBID": "31337[5]"}, 31337),
+])
+def test_one_reader_parses_every_scheduler_s_job_id(env, number):
+    from guide_utils.runtime import schedulers
+    from guide_utils.runtime.variables import read_int
+
+    assert read_int(env, *env) == number and schedulers.detect(env).job_id == number
+    # int() would read Slurm's 1234_5 as 12345; anything else is still one line naming it
+    with pytest.raises(GuideError, match=r"PBS_JOBID='12a4\.x' is not an integer"):
+        read_int({"PBS_JOBID": "12a4.x"}, "PBS_JOBID")
+
+
+def test_each_scheduler_says_its_job_array_index_and_submission_directory(tmp_path):
+    from guide_utils.runtime import schedulers
+
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x1001\nx1001\nx1002\nx1002\n")
+    pbs = schedulers.detect({**PBS_JOB, "PBS_NODEFILE": str(nodefile)})
+    assert (pbs.name, pbs.job_id, pbs.array_index, pbs.submit_dir) == ("pbs", 4242, 3, "/home/me/run")
+    assert (pbs.nodes, pbs.tasks, pbs.rendezvous_key()) == (["x1001", "x1002"], 4, "pbs4242.3")
+    lsf = schedulers.detect(JSRUN)
+    assert (lsf.name, lsf.job_id, lsf.submit_dir, lsf.rendezvous_key()) == ("lsf", 31337, "/ccs/proj/me", "lsf31337.0")
+    slurm = schedulers.detect({**SRUN_TASK, "SLURM_ARRAY_TASK_ID": "7", "SLURM_RESTART_COUNT": "1"})
+    assert (slurm.name, slurm.job_id, slurm.array_index, slurm.submit_dir) == ("slurm", 1, 7, "/work")
+    assert (slurm.rendezvous_key(), slurm.cpus_per_task, slurm.node_index) == ("1.0.1", 1, 1)
+    assert schedulers.detect({}) is None and schedulers.detect(TORCHRUN) is None
+
+
+@pytest.fixture
+def pals():
+    """PBS Pro's PALS ``mpiexec`` as a contributor would add it (``launchers/pals.py``): its
+    variables, ``detect`` and backends, nothing of the scheduler. Registered for the test only."""
+    from guide_utils.runtime.launchers.base import Launcher
+
+    class Pals(Launcher):
+        name = "pals-mpiexec"
+        priority = 45  # before mpirun: Cray PMI's PMI_RANK is set too
+        scheduler_name = "pbs"
+        backends = ("horovod", "ddp")
+        RANK, SIZE = ("PALS_RANKID",), ("PMI_SIZE",)
+        LOCAL_RANK, NODE_RANK = ("PALS_LOCAL_RANKID",), ("PALS_NODEID",)
+
+        @classmethod
+        def detect(cls, env):
+            return "PALS_RANKID" in env
+
+    yield Pals
+    Launcher.registry.remove(Pals)
+
+
+def test_a_launcher_under_pbs_needs_nothing_of_slurm(tmp_path, pals):
+    """A PALS rank of a PBS job, no SLURM_* variable set: the job id (1234 of 1234.pbs01), the
+    main node (PBS_NODEFILE's first), the rendezvous announced in PBS_O_WORKDIR all come from
+    the PBS scheduler object; the class above overrides none of them."""
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x1001\nx1001\nx1002\nx1002\n")
+    env = {"PBS_JOBID": "1234.pbs01", "PBS_O_WORKDIR": str(tmp_path), "PBS_NODEFILE": str(nodefile),
+           "PALS_RANKID": "0", "PALS_LOCAL_RANKID": "0", "PALS_NODEID": "0", "PMI_RANK": "0", "PMI_SIZE": "4"}
+    launcher = launchers.detect(env)
+    assert isinstance(launcher, pals) and not any(k.startswith("SLURM_") for k in env)
+    assert (launcher.job_id, launcher.main_address, launcher.world_size) == (1234, "x1001", 4)
+    assert launcher.announce_file() == tmp_path / ".guide-rendezvous-pbs1234.0"
+    if rendezvous.is_free(rendezvous.derived_port(1234)):
+        assert launcher.main_port() == rendezvous.derived_port(1234)
+        assert launcher.announce_file().read_text().strip() == str(rendezvous.derived_port(1234))
+        launcher.rendezvous_done()
+    # Open MPI's or MPICH's mpirun in the same job finds the same job and main node, by the same object
+    hydra = launchers.detect({**{k: env[k] for k in ("PBS_JOBID", "PBS_NODEFILE")}, **HYDRA})
+    assert (hydra.name, hydra.job_id, hydra.main_address) == ("mpirun", 1234, "x1001")
+    assert not SCHEDULER_FACTS & set(vars(pals))
+
+
+def test_jsrun_under_lsf_overrides_no_scheduler_fact():
+    """jsrun with LSF's variables only: its job id, announcement file and key are LSF's, and
+    no launcher outside Slurm defines a scheduler's fact or reads a SLURM_* variable."""
+    launcher = launchers.detect(JSRUN)
+    assert launcher.scheduler.name == "lsf" and launcher.job is None
+    assert (launcher.job_id, launcher.rendezvous_key()) == (31337, "lsf31337.0")
+    assert launcher.announce_file().parent == Path("/ccs/proj/me")
+    for cls in launchers.registered():
+        if cls.scheduler_name != "slurm":
+            assert not SCHEDULER_FACTS & set(vars(cls)), cls.name
+            named = [v for k, vs in vars(cls).items() if k.isupper() and isinstance(vs, tuple) for v in vs]
+            assert not [v for v in named if v.startswith("SLURM_")], cls.name
+
+
+def test_the_no_launcher_message_is_built_from_the_registry(pals):
+    """Every registered launcher that can start the backend is named, those of the job's own
+    scheduler first (outside a job, Slurm's), the others with their scheduler."""
+    with pytest.raises(GuideError, match=r"needs a launcher: start it with srun or torchrun \(.*pals-mpiexec under "
+                                         r"PBS.*\), e\.g\. torchrun --nproc-per-node 2"):
+        launchers.require("ddp", {})
+    with pytest.raises(GuideError, match=r"batch script of job 1234 and would wait for ranks that never come; launch "
+                                         r"it with pals-mpiexec or torchrun \(jsrun under LSF; srun under Slurm\)"):
+        launchers.require("ddp", {"PBS_JOBID": "1234.pbs01"})

@@ -144,3 +144,80 @@ def test_the_launcher_name_check_finds_each_kind_of_branch():
             'D = {"srun": 1}\nmatch kind:\n    case "jsrun": pass\n'
             'Setup("ddp", 2, "torchrun")\nok = kind == "horovod"\n')
     assert [line for line, _ in _branches_on(ast.parse(code), names)] == [1, 2, 3, 5]
+
+
+# --- no import circle inside a layer -------------------------------------------------------------
+
+def _imports(src: Path, package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (under ``src``) -> the modules of ``package`` it imports,
+    at the top or inside a function alike (both are an edge of the circle)."""
+    import ast
+
+    root = src / package.replace(".", "/")
+    modules = {".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]  # the package it is in
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+                base = f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module
+                # ``from . import x``: the module x where there is one, else the package
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            found |= {t for t in targets if t in modules and t != name}
+        graph[name] = found
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_runtime_layer_has_no_import_circle():
+    """launch -> launchers -> launch and launch -> local -> launch were circles (each closed by
+    an import inside a function): a module of the runtime layer imports only modules that do
+    not import it back, so each can be read, tested and moved on its own."""
+    assert _circles(_imports(REPO / "src", "guide_utils.runtime")) == []
+
+
+def test_the_circle_check_finds_a_circle_closed_inside_a_function(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src" / "guide_utils" / "runtime", src / "guide_utils" / "runtime")
+    with open(src / "guide_utils" / "runtime" / "slurm.py", "a") as f:
+        f.write("\n\ndef _late():\n    from .launchers import base  # noqa: F401\n")
+    circles = _circles(_imports(src, "guide_utils.runtime"))
+    assert any({"guide_utils.runtime.slurm", "guide_utils.runtime.launchers.base"} <= set(c) for c in circles), circles

@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from guide_utils.core.errors import GuideError
-from guide_utils.studies import experiments, large_batch, study, study_csv, sweep, verify, workers
+from guide_utils.studies import experiments, large_batch, registry, study, study_csv, sweep, verify, workers
 
 
 def _runs(values: dict) -> pd.DataFrame:
@@ -89,10 +90,16 @@ def test_the_provenance_line_names_machine_isa_threads_commit_and_versions(monke
         assert needle in line
 
 
-def test_the_sweep_the_large_batch_study_and_the_experiments_are_studies():
+def test_the_registered_studies_are_studies_the_sweep_the_large_batch_study_and_the_experiments_among_them():
+    """Every module of the package that declares a STUDY, found by the registry (a new study
+    is checked here without being named)."""
+    found = registry.studies()
+    assert {"sweep", "large-batch", "experiments"} <= set(found)
+    for name, declared in found.items():
+        assert isinstance(declared, study.Study) and set(declared.key) <= set(declared.columns) and declared.help
+        assert declared.metric in declared.columns or declared.summary is not None, name
     for module in (sweep, large_batch, experiments):
-        declared = module.STUDY
-        assert isinstance(declared, study.Study) and set(declared.key) <= set(declared.columns)
+        assert found[module.STUDY.name] is module.STUDY
     assert sweep.STUDY.threads == large_batch.STUDY.threads == (1, 2) and "threads" in sweep.STUDY.key
     assert experiments.STUDY.threads == ()  # its runs train where their launcher started them
 
@@ -219,3 +226,109 @@ def test_verify_quick_holds_on_another_machine(tmp_path):
     table = sweep.load(out / "verify.csv")
     assert len(table) == 6 and set(table["threads"]) == {2} and "verify --quick --threads 2" in table.attrs["source"]
     assert len(list(out.glob("*.jsonl"))) == 6
+
+
+# --- a study is its module: the registry, the declared reference, the one provenance builder -----
+
+MINI_STUDY = '''"""A study a contributor adds: this file alone."""
+from guide_utils.studies import study
+
+STUDY = study.Study("mini-grid", "a mini grid", "python -m guide_utils mini-grid run", ("lr", "seed", "err"),
+                    ("lr", "seed"), row=dict, help="a grid nobody listed by hand",
+                    arguments=lambda run: study.add_list_argument(run, "--lrs", (0.1, 0.2), "rates", float),
+                    plan=lambda args: [])
+'''
+
+
+def test_a_new_study_module_is_a_command_listed_in_help_with_no_other_file_changed(tmp_path):
+    """A copy of the package with one more module in studies/: ``python -m guide_utils --help``
+    lists it under Studies, it runs as a command (the generic ``Study.main``), and the registry
+    the tests read has it; nothing else was edited."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(Path(study.__file__).parents[1], src / "guide_utils", ignore=shutil.ignore_patterns("recorded"))
+    (src / "guide_utils" / "studies" / "mini_grid.py").write_text(MINI_STUDY)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "guide_utils", *args], capture_output=True, text=True, env=env,
+                              timeout=120, cwd=tmp_path)
+
+    shown = run("--help").stdout
+    studies_block = shown.split("Studies:\n", 1)[1].split("On the cluster:", 1)[0]
+    assert "  mini-grid     a grid nobody listed by hand" in studies_block and "  sweep " in studies_block
+    helped = run("mini-grid", "run", "--help")
+    assert helped.returncode == 0 and "--lrs" in helped.stdout and "--dry-run" in helped.stdout
+    listed = run("mini-grid", "run", "--dry-run")
+    assert listed.returncode == 0 and "a mini grid: 0 point(s)" in listed.stdout, listed.stderr
+    found = subprocess.run([sys.executable, "-c", "from guide_utils.studies import registry; "
+                            "print(sorted(registry.commands()))"], capture_output=True, text=True, env=env, timeout=120)
+    assert "'mini-grid'" in found.stdout and "'sweep'" in found.stdout
+
+
+def test_the_command_table_and_help_come_from_the_registry(capsys):
+    from guide_utils.__main__ import COMMANDS, commands, main
+
+    table = commands()
+    for name, declared in registry.studies().items():
+        assert name not in COMMANDS and table[name][0].startswith("guide_utils.studies.")
+        assert f"  {name:<13} {declared.help}" in registry.help_lines()
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert all(line in text for line in registry.help_lines()) and "  verify " in text
+
+
+def test_the_usage_page_lists_no_study_by_hand_and_names_only_registered_ones():
+    """docs/usage.md points at the generated list (``--help``) instead of keeping its own, and
+    every study command it shows is one the registry has."""
+    import re
+
+    from guide_utils.__main__ import commands
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    assert "python -m guide_utils --help" in text and "guide_utils.studies.registry" in text
+    shown = set(re.findall(r"python -m guide_utils ([a-z][a-z-]+)", text))
+    assert shown and shown <= set(commands()), shown - set(commands())
+
+
+def test_a_study_declares_its_metric_and_reference():
+    """The shared summary compares the declared metric with the declared baseline, here two
+    columns' values and no ``method`` column at all."""
+    table = pd.DataFrame([{"b": b, "f": f, "seed": s, "final": v} for (b, f), vs in
+                          {(32, 1.0): [1.0, 1.2, 1.1], (128, 1.0): [1.4, 2.0, 1.5], (128, 0.5): [1.1, 1.0, 5.0]}.items()
+                          for s, v in enumerate(vs)])
+    grid = study.Study("g", "a grid", "c", ("b", "f", "seed", "final"), ("b", "f", "seed"), row=dict, by=("b", "f"),
+                       metric="final", reference=(("b", 32), ("f", 1.0)))
+    out = grid.outcomes(table).set_index(["b", "f"])
+    assert out["limit"].iloc[0] == pytest.approx(1.5 * 1.1)
+    assert (out.loc[(128, 0.5), "median"], out.loc[(128, 0.5), "within"], out.loc[(128, 1.0), "within"]) == (1.1, 2, 2)
+    assert "b=128  f=0.5   median   1.10 %  worst   5.00 %   2 of 3 near the baseline" in grid.format(out.reset_index())
+    with pytest.raises(GuideError, match=r"no baseline runs \(b = 32, f = 1.0\)"):
+        grid.outcomes(table[table["b"] == 128])
+
+
+def test_one_provenance_builds_the_csv_line_and_the_json_record(monkeypatch):
+    """The study CSVs' first line and perf's JSON records come from one collection of facts:
+    the same commit, hardware and moment; each keeps its own form."""
+    import datetime as dt
+    import re
+
+    from guide_utils.perf import record
+    from guide_utils.results import provenance
+
+    facts = provenance.Provenance.collect(("torch", "timm", "mnist1d", "numpy", "horovod"))
+    line = facts.line("a study", "python -m guide_utils x run", threads=[1, 2], jobs=2)
+    first = facts.record(study="s", repeats=3)
+    assert re.fullmatch(r"a study \(python -m guide_utils x run\); measured \d{4}-\d\d-\d\d on .+, .+; 1 and 2 "
+                        r"thread\(s\) per run, up to 2 core\(s\) busy; commit .+; Python [\d.]+, torch .+, timm .+, "
+                        r"mnist1d .+, numpy .+, horovod .+", line)
+    assert list(first) == ["kind", "date", "host", "hardware", "load_avg_1min", "commit", "python", "torch", "horovod",
+                           "study", "repeats"]
+    assert first["kind"] == "provenance" and f"commit {first['commit']};" in line and first["hardware"] in line
+    assert dt.datetime.fromisoformat(first["date"]).utcoffset() == dt.timedelta(0)
+    import torch
+
+    assert first["torch"] == torch.__version__  # the build, with its CUDA or CPU tag, as the records had it
+    assert set(record.provenance(study="x")) == set(first) - {"repeats"}
+    assert study_csv.provenance("t", "c", threads=[1], jobs=1).startswith("t (c); measured ")

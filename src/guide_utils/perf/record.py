@@ -7,33 +7,19 @@ load average before and after, commit, Python, PyTorch and Horovod versions, the
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.paths import packaged
+from ..results import provenance as _provenance
 
 
 def provenance(**extra: Any) -> dict[str, Any]:
-    """Date, machine, current load, commit and versions, plus ``extra``."""
-    import torch
-
-    from ..results.plots import hardware_label
-
-    from ..studies.study_csv import commit
-
-    try:
-        import horovod
-
-        hv = horovod.__version__
-    except ImportError:
-        hv = None
-    return {"kind": "provenance", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "hardware": hardware_label(), "load_avg_1min": round(os.getloadavg()[0], 2),
-            "commit": commit(), "python": platform.python_version(), "torch": torch.__version__, "horovod": hv, **extra}
+    """Date, machine, current load, commit and versions, plus ``extra`` (``results.provenance``,
+    which builds the study CSVs' first line too)."""
+    return _provenance.record(**extra)
 
 
 def write(path: str | Path, first: dict[str, Any], rows: Iterable[dict[str, Any]]) -> Path:

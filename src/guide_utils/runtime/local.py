@@ -2,7 +2,7 @@
 
 The guide's one way to run a command from a notebook or a study: :func:`run` prints the
 command (shell-quoted, the environment variables the caller sets shown as a prefix), runs it
-in the workers' environment (``launch.environment``: this environment's ``python`` first on
+in the workers' environment (``local_env.environment``: this environment's ``python`` first on
 the PATH, one thread per worker, traffic on loopback), waits, and turns a failure (a non-zero
 exit or the timeout) into one line that ends with the tail of the output. With ``records=DIR``
 it returns the run records the command wrote there; without, the completed process.
@@ -32,7 +32,7 @@ from typing import Mapping, Sequence
 
 from ..core.errors import GuideError
 from ..core.records import RunRecord, read_runs
-from .launch import BIN, environment
+from .local_env import BIN, environment
 from .ports import free_ports
 
 # horovodrun prefixes every line of a worker with its rank: "[1]<stderr>:..."

@@ -11,10 +11,11 @@ program that holds the port. So the port is checked on the main node before use:
   listen) takes the derived port if nothing holds it, else one the kernel says is free,
   and announces its choice in a small file that every other rank waits for
   (:func:`agree`). The file lives in ``$GUIDE_RENDEZVOUS_DIR``, else the job's submission
-  directory (``$SLURM_SUBMIT_DIR``, shared by the nodes on any cluster whose jobs write
-  their output there), else the working directory; it is named by the job, step and
-  restart, so a requeued job or a second step never reads an older choice, and the main
-  rank removes it once every rank has joined (:func:`release`).
+  directory (the scheduler's, ``runtime.schedulers``: Slurm's ``$SLURM_SUBMIT_DIR``, LSF's
+  ``$LS_SUBCWD``, PBS's ``$PBS_O_WORKDIR``; shared by the nodes on any cluster whose jobs
+  write their output there), else the working directory; it is named by the job, step (or
+  array index) and restart, so a requeued job or a second step never reads an older choice,
+  and the main rank removes it once every rank has joined (:func:`release`).
 
 ``python -m guide_utils rendezvous`` (the batch script's answer for torchrun's
 ``--rdzv-endpoint``) runs on the main node itself and makes the same check there.

@@ -3,8 +3,8 @@
 Slurm describes a job through ``SLURM_*`` variables. Every launcher this guide uses (srun,
 mpirun, horovodrun, torchrun) needs some of them translated: the node list expanded, the
 first node chosen as rendezvous host, the port derived from the job id (checked where it
-is used: ``runtime.rendezvous``). That translation lives here, once; what each launcher
-makes of it, in ``runtime.launchers``.
+is used: ``runtime.rendezvous``). That translation lives here, once; the launchers
+(``runtime.launchers``) receive it as one scheduler among others (``runtime.schedulers``).
 
 >>> job = SlurmJob.from_env({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[01-02]",
 ...                          "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4"})
@@ -25,25 +25,7 @@ from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 
 from .rendezvous import PORT_BASE, PORT_SPAN, checked_port, derived_port  # noqa: F401 - PORT_*: the scheme's range
-
-
-def read_int(env: Mapping[str, str], *names: str) -> int | None:
-    """The value of the first of ``names`` that is set (and not empty) in ``env``, as an
-    integer; None when none is. The one parser of the ranks and counts launchers export.
-
-    >>> read_int({"RANK": "", "SLURM_PROCID": " 3"}, "RANK", "SLURM_PROCID")
-    3
-    """
-    for name in names:
-        value = env.get(name, "").strip()
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise GuideError(f"{name}={value!r} is not an integer; is the job environment intact?") from None
-    return None
-
-
+from .variables import read_int  # noqa: F401 - also read here by the per-task check (cluster.doctor.tasks)
 
 
 def expand_per_node(value: str | None) -> list[int]:

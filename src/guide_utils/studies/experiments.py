@@ -84,7 +84,7 @@ COLUMNS = ("experiment", "index", "label", "workers", "global_batch", "peak_lr",
            "images_per_second", "seconds", "run_name", "record")
 # No thread counts: every run trains in the process(es) its launcher started, at their count.
 STUDY = Study("experiments", "the thesis's experiments", f"{PROG} run", COLUMNS, ("experiment", "index"), row,
-              summary=summary)
+              summary=summary, help="the thesis's nine experiments: list, run, --dry-run")
 
 
 def execute(name: str, profile: str, index: int | None = None, **overrides: Any):

@@ -120,11 +120,7 @@ class Point:
 
     def config(self, **overrides):
         """The ``TrainConfig`` of this point (the smoke profile and ``settings``), labelled as the study's."""
-        from ..core.config import make_config
-
-        cfg = make_config("smoke", **self.settings(**overrides))
-        cfg.extra = {"large_batch": asdict(self)}
-        return cfg
+        return study.smoke_config(self.settings(**overrides), {"large_batch": asdict(self)})
 
 
 def tuning_points(optimizers: Iterable[str] = tuple(TUNING)) -> list[Point]:
@@ -315,7 +311,8 @@ def own(outcomes):
 # The summary reads ``curves``: the study proper, the SGD baseline as each SGD method's k = 1.
 STUDY = study.Study("large-batch", "MNIST-1D large-batch sweep", f"{PROG} run", tuple(COLUMNS), tuple(KEY), row,
                     threads=THREADS, summary=summary, describe=describe, order=("baseline", *METHODS),
-                    text_columns=CURVE_COLUMNS, runs=curves)
+                    text_columns=CURVE_COLUMNS, runs=curves, by=("k", "method"), reference=study.BASELINE,
+                    help="past the linear rule: sqrt scaling, LARS and LAMB up to a global batch of 8192")
 outcomes, format_outcomes = STUDY.outcomes, STUDY.format
 
 

@@ -14,21 +14,30 @@ thread counts, commit and versions (``study_csv.provenance``). A study without t
 
 Summaries show each point's outcome as it is: median, best and worst run, and how many runs
 ended near the baseline (``outcomes``), not a mean and standard deviation, which hide a run
-that diverged. "Near" is relative: at most ``TOLERANCE`` (half) above the baseline's median
-error, a limit that scales with the problem (an absolute point is a 4 % change on ImageNet's
-25 % error and more than the whole error of a problem below 1 %); the book's methods page
-says why half, from the spread of the baseline's own runs.
+that diverged. The baseline is what the study declares (``reference``: the runs whose columns
+hold the given values, the sweeps' ``method = baseline``), and so is the number compared
+(``metric``, an error in %). "Near" is relative: at most ``TOLERANCE`` (half) above the
+baseline's median, a limit that scales with the problem (an absolute point is a 4 % change on
+ImageNet's 25 % error and more than the whole error of a problem below 1 %); the book's
+methods page says why half, from the spread of the baseline's own runs.
+
+A study is also a command, ``python -m guide_utils NAME``: the module that declares it as
+``STUDY`` (with its ``help`` line) is found by ``studies.registry``. A study that declares
+``arguments`` (its points' options) and ``plan`` (the parsed options -> its points) needs no
+command code of its own: :meth:`Study.main` is its ``run`` (``--dry-run`` lists the runs) and
+``summary CSV``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..core.cli import ArgumentParser
+from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
 from . import study_csv
 from .workers import check_threads, train_all, train_here, train_point
@@ -39,6 +48,8 @@ from .workers import check_threads, train_all, train_here, train_point
 # (book/methods.md; tests/test_sweep.py checks it against the record).
 TOLERANCE = 0.5
 METRIC = "best_val_top1_err"  # what the summaries compare: the best top-1 error, as the thesis reports
+BASELINE = (("method", "baseline"),)  # the sweeps' reference runs: (column, value) pairs they all hold
+PROG = "python -m guide_utils"
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,16 @@ class Study:
     threads: tuple[int, ...] = ()  # the default counts; (): in this process, at the launcher's count
     summary: Callable[[Any], str] | None = None  # the table's summary (default: ``format_outcomes``)
     describe: Callable[[dict], str] | None = None  # a finished run in a few words, for the progress bar
-    order: tuple[str, ...] = ()  # methods in the order summaries list them, the baseline first
+    order: tuple[str, ...] = ()  # the values of its text column (methods) in the summaries' order, baseline first
     text_columns: tuple[str, ...] = ()  # read back as text, not numbers (the curves)
-    by: tuple[str, ...] = ("k", "method")  # the columns a summary groups runs by
+    by: tuple[str, ...] = ()  # the columns a summary groups runs by (default: the key's but seed and threads)
     runs: Callable[[Any], Any] | None = None  # the table -> the runs its summary reads (default: all)
+    metric: str = METRIC  # the column the summary compares, an error in %: lower is better
+    reference: tuple[tuple[str, Any], ...] = BASELINE  # the baseline: the runs whose columns hold these values
+    # The command, ``python -m guide_utils NAME`` (``studies.registry`` finds the module's ``STUDY``):
+    help: str = ""  # its line in ``python -m guide_utils --help``, and its description
+    arguments: Callable[[Any], None] | None = None  # adds the options that choose its points to ``run``
+    plan: Callable[[Any], list] | None = None  # the parsed options -> the points ``run`` trains
 
     def open(self, out: str | Path | None = None, **options) -> Session:
         """A run of this study into ``out`` (None: no CSV); see :class:`Session` for ``options``."""
@@ -80,9 +97,11 @@ class Study:
     def outcomes(self, table, tolerance: float = TOLERANCE, by: Sequence[str] | None = None):
         """``outcomes`` of the study's runs in ``table``, grouped by ``by`` (default: the
         declared ``by``; any columns, ``threads`` among them), against the median of its
-        ``baseline`` runs."""
+        declared ``reference`` runs (its baseline)."""
         runs = self.runs(table) if self.runs else table
-        return outcomes(runs, list(by or self.by), baseline_median(runs), tolerance=tolerance, order=self.order)
+        by = list(by or self.by or [c for c in self.key if c not in ("seed", "threads")])
+        return outcomes(runs, by, reference_median(runs, self.reference, self.metric),
+                        metric=self.metric, tolerance=tolerance, order=self.order)
 
     def format(self, outcomes) -> str:
         """The summary's lines (``format_outcomes``)."""
@@ -95,7 +114,8 @@ class Study:
         return f"{source}\n{summary}" if source else summary
 
     def parser(self, prog: str, description: str, *, run_help: str, points: Callable[[Any], None],
-               results_dir: str, threads_help: str, out_required: bool = False) -> ArgumentParser:
+               results_dir: str, threads_help: str, out_required: bool = False,
+               dry_run: bool = False) -> ArgumentParser:
         """A study's command: ``run`` (``points`` adds the study's own options), and ``summary CSV``."""
         p = ArgumentParser(prog=prog, description=description)
         sub = p.add_subparsers(dest="command", required=True)
@@ -104,6 +124,8 @@ class Study:
         r.add_argument("--out", required=out_required,
                        help="CSV of the results (must not exist yet, unless --resume)")
         add_run_arguments(r, threads=self.threads, results_dir=results_dir, threads_help=threads_help)
+        if dry_run:
+            r.add_argument("--dry-run", action="store_true", help="list the runs and train nothing")
         s = sub.add_parser("summary", help=f"medians, worst runs and counts of a {self.name} CSV")
         s.add_argument("csv")
         return p
@@ -118,6 +140,34 @@ class Study:
             table = run(args)
         print(self.report(table))
         return 0
+
+    def main(self, argv: list[str] | None = None, *, overrides: dict | None = None) -> int:
+        """The command of a study that declares ``arguments`` and ``plan``: ``run`` trains every
+        point of the plan at every thread count (``--dry-run``: lists the runs), ``summary CSV``
+        reads a CSV back; then the report. ``overrides`` change every run's settings (tests
+        shrink the problem with them)."""
+        return one_line_errors(f"{PROG} {self.name}")(functools.partial(self._main, overrides=overrides))(argv)
+
+    def _main(self, argv: list[str] | None, overrides: dict | None) -> int:
+        if self.arguments is None or self.plan is None:
+            raise TypeError(f"the {self.name} study declares no arguments and plan; give it a main of its own")
+        prog, argv = f"{PROG} {self.name}", list(sys.argv[1:] if argv is None else argv)
+        args = self.parser(prog, self.help, run_help=f"train every point of the {self.name} study",
+                           points=self.arguments, results_dir=f"results/{self.name}",
+                           threads_help="every point is trained at each", dry_run=True).parse_args(argv)
+        if args.command == "run" and args.dry_run:
+            print(self.listing(self.plan(args), args.threads))
+            return 0
+        return self.cli(args, lambda a: self.run(
+            self.plan(a), a.out, threads=a.threads, jobs=a.jobs, resume=a.resume, command=" ".join([prog, *argv]),
+            overrides={"results_dir": a.results_dir, **(overrides or {})}))
+
+    def listing(self, points: Sequence, threads: Sequence[int]) -> str:
+        """The runs of ``points`` at ``threads`` in a few lines: their count, then one point a line."""
+        counts = " and ".join(map(str, threads)) or "the launcher's"
+        lines = [f"{self.title}: {len(points)} point(s) x {len(threads) or 1} thread count(s) ({counts}) = "
+                 f"{len(points) * (len(threads) or 1)} run(s)"]
+        return "\n".join(lines + ["  " + " ".join(f"{k}={v}" for k, v in p.key().items()) for p in points])
 
 
 class Session:
@@ -203,12 +253,22 @@ def quality(cfg, result, workers: int = 1) -> dict:
             "seconds": round(sum(e["seconds"] for e in result.epochs), 1)}
 
 
-def baseline_median(table, metric: str = METRIC) -> float:
-    """The reference every point is judged against: the median of the ``baseline`` runs."""
-    base = table[table["method"] == "baseline"][metric]
+def reference_median(table, reference: Sequence[tuple[str, Any]] = BASELINE, metric: str = METRIC) -> float:
+    """The value every point is judged against: the median ``metric`` of the baseline, the runs
+    whose columns hold the values of ``reference`` (the sweeps': ``method = baseline``)."""
+    chosen = True
+    for column, value in reference:
+        chosen = chosen & (table[column] == value)
+    base = table[chosen][metric]
     if base.empty:
-        raise GuideError("the table has no baseline runs to judge the others against; train k = 1 too")
+        where = ", ".join(f"{c} = {v}" for c, v in reference)
+        raise GuideError(f"the table has no baseline runs ({where}) to judge the others against; train them too")
     return float(base.median())
+
+
+def baseline_median(table, metric: str = METRIC) -> float:
+    """The median of the sweeps' baseline, the ``method = baseline`` runs (``reference_median``)."""
+    return reference_median(table, BASELINE, metric)
 
 
 def outcomes(table, by: Sequence[str], reference: float, *, metric: str = METRIC,
@@ -216,7 +276,7 @@ def outcomes(table, by: Sequence[str], reference: float, *, metric: str = METRIC
     """Each group's outcome as it is, not as a mean: runs, median, best and worst run, and how
     many runs ended near the baseline, at most ``limit`` = (1 + ``tolerance``) x ``reference``
     (the baseline's median; ``limit`` and ``tolerance`` are columns too). Rows sorted by ``by``,
-    methods in ``order`` (the study's own: baseline first)."""
+    the values of its text columns (methods) in ``order`` (the study's own: baseline first)."""
     by = list(by)
     limit = (1 + tolerance) * reference
     g = table.groupby(by, sort=True)[metric]
@@ -224,17 +284,18 @@ def outcomes(table, by: Sequence[str], reference: float, *, metric: str = METRIC
     out["within"] = g.apply(lambda s: int((s <= limit).sum())).to_numpy()
     out["limit"], out["tolerance"] = limit, tolerance
     rank = {m: i for i, m in enumerate(order)}
-    return out.sort_values(by, key=lambda c: c.map(rank) if c.name == "method" and rank else c,
+    return out.sort_values(by, key=lambda c: c.map(rank) if rank and c.isin(list(rank)).any() else c,
                            kind="stable").reset_index(drop=True)
 
 
 def format_outcomes(table) -> str:
-    """One line per row of ``outcomes``: its group (every column before ``runs``), median, worst
-    run and n of N near the baseline, with the limit that means ((1 + tolerance) x its median)."""
+    """One line per row of ``outcomes``: its group (every column before ``runs``: a text value,
+    a method, as it is, a number as ``column=value``), median, worst run and n of N near the
+    baseline, with the limit that means ((1 + tolerance) x its median)."""
     by = list(table.columns[:list(table.columns).index("runs")])
     lines = []
     for row in table.to_dict("records"):
-        point = " ".join(f"{row[c]:<14}" if c == "method" else f"{c}={row[c]!s:<4}" for c in by)
+        point = " ".join(f"{row[c]:<14}" if isinstance(row[c], str) else f"{c}={row[c]!s:<4}" for c in by)
         lines.append(f"{point}  median {row['median']:6.2f} %  worst {row['worst']:6.2f} %  "
                      f"{row['within']:>2} of {row['runs']} near the baseline (<= {row['limit']:.2f} %)")
     return "\n".join(lines)
@@ -278,6 +339,22 @@ def add_point_arguments(run, *, ks: Sequence[int], seeds: Sequence[int], methods
     run.add_argument("--seeds", type=int, nargs="+", default=list(seeds),
                      help=f"seeds per point (default: {seeds[0]} to {seeds[-1]})")
     run.add_argument("--methods", nargs="+", default=list(methods), help=", ".join(methods))
+
+
+def add_list_argument(run, flag: str, values: Sequence, help: str, type: Callable = int) -> None:
+    """``flag V [V ...]``: the values one of a study's point columns takes (its help names the default)."""
+    run.add_argument(flag, type=type, nargs="+", default=list(values),
+                     help=f"{help} (default: {' '.join(map(str, values))})")
+
+
+def smoke_config(settings: dict, label: dict):
+    """A laptop-scale point's ``TrainConfig``: the smoke profile with ``settings``; ``label``
+    (which study and point: ``{"sweep": point.key()}``) goes into its run record's ``extra``."""
+    from ..core.config import make_config
+
+    cfg = make_config("smoke", **settings)
+    cfg.extra = label
+    return cfg
 
 
 def add_run_arguments(run, *, threads: Sequence[int], results_dir: str, threads_help: str) -> None:

@@ -3,60 +3,25 @@ which thread counts, commit and versions; rows are appended as runs finish and n
 overwritten; reading it back checks that it is one.
 
 Every study (the sweep, the large-batch study, ``verify``'s retrained points) writes and
-reads this one format through :class:`~guide_utils.studies.study.Study`, so the provenance
-line is built here and nowhere else.
+reads this one format through :class:`~guide_utils.studies.study.Study`. Its provenance line
+is built by ``results.provenance``, the one builder of both record formats (this CSV line,
+and the JSON object that starts ``perf``'s recorded measurements).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import os
-import platform
-import subprocess
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..core.errors import GuideError
-from ..core.paths import package_dir
-
-
-def cpu_isa() -> str:
-    """The widest vector instruction set of this CPU that the math libraries use (x86), and the
-    cap on it where ``ONEDNN_MAX_CPU_ISA`` or ``MKL_ENABLE_INSTRUCTIONS`` sets one."""
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
-    caps = [f"{v}={os.environ[v]}" for v in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS") if os.environ.get(v)]
-    return isa + (f" (capped: {', '.join(caps)})" if caps else "")
-
-
-def commit() -> str:
-    """The checkout's commit, marked when it has uncommitted changes; 'unknown' outside git."""
-    here = str(package_dir())
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        head, dirty = "", ""
-    return (head + (" with uncommitted changes" if dirty else "")) if head else "unknown (not a git checkout)"
+from ..results import provenance as _provenance
+from ..results.provenance import commit, cpu_isa  # noqa: F401 - the study's names for them (verify prints the ISA)
 
 
 def provenance(title: str, command: str, *, threads: Sequence[int], jobs: int) -> str:
-    """A study CSV's first line: what made it, when, on what, how, from which commit and stack."""
-    from importlib.metadata import version
-
-    from ..results.plots import hardware_label
-
-    versions = ", ".join(f"{p} {version(p)}" for p in ("torch", "timm", "mnist1d", "numpy"))
-    counts = " and ".join(str(t) for t in threads)
-    return (f"{title} ({command}); measured {_dt.date.today().isoformat()} on {hardware_label()}, "
-            f"{cpu_isa()}; {counts} thread(s) per run, up to {jobs} core(s) busy; commit {commit()}; "
-            f"Python {platform.python_version()}, {versions}")
+    """A study CSV's first line: what made it, when, on what, how, from which commit and stack
+    (``results.provenance``, which builds the JSON records' first line too)."""
+    return _provenance.line(title, command, threads=threads, jobs=jobs)
 
 
 class Sink:

@@ -39,7 +39,7 @@ from .experiment_plans import SMOKE_QUALITY
 from . import study, workers
 
 PROG = "python -m guide_utils sweep"
-# The catalogue's smoke quality settings: a sweep point is a smoke run of chapters 4-6.
+# The experiments' smoke quality settings (experiment_plans): a sweep point is a smoke run of chapters 4-6.
 SETTINGS = {**SMOKE_QUALITY, "progress": False, "quiet": True}
 METHODS = {"naive": {"lr_scaling": "none", "warmup": "none"},
            "linear": {"lr_scaling": "linear", "warmup": "none"},
@@ -74,11 +74,7 @@ class Point:
 
     def config(self, **overrides):
         """The ``TrainConfig`` of this point (the smoke profile and ``settings``), labelled as the sweep's."""
-        from ..core.config import make_config
-
-        cfg = make_config("smoke", **self.settings(**overrides))
-        cfg.extra = {"sweep": self.key()}
-        return cfg
+        return study.smoke_config(self.settings(**overrides), {"sweep": self.key()})
 
 
 def points(ks: Iterable[int] = KS, seeds: Iterable[int] = SEEDS, methods: Iterable[str] = tuple(METHODS),
@@ -103,7 +99,8 @@ def describe(row: dict) -> str:
 
 
 STUDY = study.Study("sweep", "MNIST-1D quality sweep", f"{PROG} run", tuple(COLUMNS), tuple(KEY), row,
-                    threads=THREADS, describe=describe, order=("baseline", *METHODS))
+                    threads=THREADS, describe=describe, order=("baseline", *METHODS), by=("k", "method"),
+                    reference=study.BASELINE, help="the quality sweep over the scaling factor k")
 # Per point: runs, median, best, worst, and how many runs ended near the baseline (``study.outcomes``;
 # ``by=`` groups by other columns, ``threads`` among them); the summary's lines of such a table.
 outcomes, format_outcomes = STUDY.outcomes, STUDY.format

@@ -9,7 +9,9 @@ this process's global, local and node rank, the main address and a rendezvous po
 is checked and agreed on, the GPUs and CPUs of the task, and which ``--dist`` backends it
 can start. :func:`detect` picks the one that started this process; the rest of the
 package asks it, never a launcher's name. A new launcher is one module here plus its test:
-defining the class registers it.
+defining the class registers it. What the job says (its id, nodes, submission directory)
+is the scheduler's, not the launcher's (``runtime.schedulers``: Slurm, LSF, PBS), and the
+message for a run that no launcher started lists the registered launchers (:func:`how`).
 
 >>> detect({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) is None  # the batch script: no launcher
 True
@@ -30,17 +32,15 @@ import pkgutil
 from typing import Mapping
 
 from ...core.errors import GuideError
+from .. import schedulers
 from .base import BACKENDS, Launcher
 
 for _module in pkgutil.iter_modules(__path__):  # every launcher module registers its class
     importlib.import_module(f"{__name__}.{_module.name}")
 
-# How a reader starts each backend, and what happens without a launcher.
-HOW = {"horovod": ("srun --mpi=pmix (the site's GUIDE_SRUN_MPI), mpirun or horovodrun", "would train alone"),
-       "ddp": ("srun or torchrun", "would wait for ranks that never come"),
-       "mwms": ("srun, one task per worker", "would wait for workers that never come")}
-EXAMPLE = {"horovod": "horovodrun -np 2 python -m guide_utils.train ...",
-           "ddp": "torchrun --nproc-per-node 2 -m guide_utils.train ..."}
+# What a backend's process does without a launcher.
+ALONE = {"horovod": "would train alone", "ddp": "would wait for ranks that never come",
+         "mwms": "would wait for workers that never come"}
 
 
 def registered() -> list[type[Launcher]]:
@@ -50,6 +50,11 @@ def registered() -> list[type[Launcher]]:
 
 def names() -> list[str]:
     return [c.name for c in Launcher.registry]
+
+
+def local_names() -> list[str]:
+    """The launchers ``runtime.launch.command`` starts on this machine, in the registry's order."""
+    return [c.name for c in Launcher.registry if c.local]
 
 
 def detect(env: Mapping[str, str] | None = None) -> Launcher | None:
@@ -71,26 +76,48 @@ def require(dist: str, env: Mapping[str, str] | None = None) -> Launcher:
     reason = launcher.not_startable(dist) if launcher is not None else None
     if reason:
         raise GuideError(reason)
-    how, what = HOW[dist]
+    env = dict(os.environ if env is None else env)
+    ways = how(dist, env)
     if launcher is not None:
-        raise GuideError(f"--dist {dist} cannot be started by {launcher.started_by()}; launch it with {how}")
-    from ..slurm import SlurmJob
-
-    job = SlurmJob.from_env(os.environ if env is None else env)
-    if job is not None:  # the batch script itself: SLURM_PROCID=0 is set there too
+        raise GuideError(f"--dist {dist} cannot be started by {launcher.started_by()}; launch it with {ways}")
+    job = schedulers.detect(env)
+    if job is not None:  # the batch script itself (under Slurm, SLURM_PROCID=0 is set there too)
         raise GuideError(f"--dist {dist} was started directly in the batch script of job {job.job_id} and "
-                         f"{what}; launch it with {how}")
-    example = EXAMPLE.get(dist, "")
-    raise GuideError(f"--dist {dist} needs a launcher: start it with {how}" + (f", e.g. {example}" if example else "")
+                         f"{ALONE[dist]}; launch it with {ways}")
+    example = next((c.example for c in Launcher.registry if c.example and c.starts(dist)), "")
+    raise GuideError(f"--dist {dist} needs a launcher: start it with {ways}" + (f", e.g. {example}" if example else "")
                      + " (or use --dist none for one process)")
+
+
+def how(dist: str, env: Mapping[str, str] | None = None) -> str:
+    """How a reader starts a ``--dist`` run, from the registered launchers (``Launcher.starts``):
+    those of the scheduler this process runs under (outside a job, ``schedulers.DEFAULT``'s,
+    Slurm's), then those that run under any, then each other scheduler's in parentheses.
+
+    >>> how("ddp", {})
+    'srun or torchrun (jsrun under LSF)'
+    >>> how("horovod", {"PBS_JOBID": "7.pbs01"})
+    "horovodrun or mpirun (jsrun under LSF; srun --mpi=pmix (or the site's $GUIDE_SRUN_MPI) under Slurm)"
+    """
+    job = schedulers.detect(dict(os.environ if env is None else env))
+    here = job.name if job is not None else schedulers.DEFAULT
+    ways: dict[str, list[str]] = {}
+    for cls in Launcher.registry:
+        if cls.starts(dist):
+            ways.setdefault(cls.scheduler_name, []).append(cls.starts(dist))
+    first = _either(ways.pop(here, []) + ways.pop("", []))
+    others = "; ".join(f"{_either(w)} under {schedulers.label(name)}" for name, w in ways.items())
+    return f"{first} ({others})" if first and others else first or others
+
+
+def _either(ways: list[str]) -> str:
+    return " or ".join(ways) if len(ways) < 3 else f"{', '.join(ways[:-1])} or {ways[-1]}"
 
 
 def starting(dist: str) -> list[str]:
     """The launchers that can start ``dist`` on this machine without a scheduler, usual one
-    first (``runtime.launch.command`` builds their command lines)."""
-    from ..launch import LAUNCHERS
-
-    local = [c for c in Launcher.registry if c.name in LAUNCHERS and dist in c.backends]
+    first (``runtime.launch.command`` builds their command lines: ``Launcher.local``)."""
+    local = [c for c in Launcher.registry if c.local and dist in c.backends]
     return [c.name for c in sorted(local, key=lambda c: c.backends.index(dist))]
 
 

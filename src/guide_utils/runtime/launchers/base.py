@@ -2,10 +2,15 @@
 
 A subclass names its launcher, the variables in which that launcher tells a process its
 rank, world size, local rank, local size and node rank (the first one set wins; read by
-:func:`..slurm.read_int`, the one parser), and how it is told apart from the others
-(:meth:`Launcher.detect`, checked in ``priority`` order: a lower number first, so that a
-launcher started inside another is found before the outer one). Defining the subclass
-registers it; ``runtime.launchers`` imports every module of its package.
+:func:`..variables.read_int`, the one parser), and how it is told apart from the others
+(:meth:`Launcher.detect`, checked in ``priority`` order: a lower number first; the rules
+for choosing it are CONTRIBUTING.md's). Defining the subclass registers it;
+``runtime.launchers`` imports every module of its package.
+
+No scheduler lives here. What the batch system says of the job (its id, nodes, submission
+directory, a task's CPUs) comes from the scheduler object ``runtime.schedulers.detect``
+chooses by the environment (Slurm, LSF, PBS), so a launcher overrides only what it says
+differently from its scheduler (jsrun: the first LSF host runs no task).
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ import os
 from typing import ClassVar, Mapping
 
 from ...core.errors import GuideError
-from .. import rendezvous
+from .. import rendezvous, schedulers
 from ..cpus import affinity
 from ..gpus import device_index, usable_devices
-from ..slurm import SlurmJob, read_int
+from ..variables import read_int
 
 BACKENDS = ("horovod", "ddp", "mwms")  # the --dist values that need a launcher
 
@@ -37,10 +42,13 @@ class Launcher:
     NODE_RANK: ClassVar[tuple[str, ...]] = ()
     ADDRESS: ClassVar[tuple[str, ...]] = ()  # where the launcher put its own rendezvous, if it did
     PORT: ClassVar[tuple[str, ...]] = ()
-    SUBMIT_DIR: ClassVar[tuple[str, ...]] = ("SLURM_SUBMIT_DIR",)  # shared by the nodes, where the job was submitted
     # Whether it binds each rank to CPUs of its own (srun's tasks, jsrun's resource sets); the
     # others start all of a node's ranks on one CPU set, which they share.
     binds_each_rank: ClassVar[bool] = False
+    # The scheduler (``runtime.schedulers``: "slurm", "lsf") whose jobs alone it runs in; "": any.
+    scheduler_name: ClassVar[str] = ""
+    local: ClassVar[bool] = False  # whether ``runtime.launch.command`` starts it on this machine
+    example: ClassVar[str] = ""  # a command line that starts a run with it, for messages
     registry: ClassVar[list[type["Launcher"]]] = []
 
     def __init_subclass__(cls, **kwargs):
@@ -54,12 +62,24 @@ class Launcher:
     def __init__(self, env: Mapping[str, str] | None = None):
         # A copy: what the launcher said, before a runtime's init adds its own variables.
         self.env = dict(os.environ if env is None else env)
-        self.job = SlurmJob.from_env(self.env)
+        self.scheduler = schedulers.detect(self.env)  # the job it runs in; None outside one
+
+    @property
+    def job(self):
+        """The scheduler's own description of the job, where it has one (under Slurm a
+        ``runtime.slurm.SlurmJob``), else None."""
+        return self.scheduler.job if self.scheduler is not None else None
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         """Whether this launcher started the process whose environment is ``env``."""
         raise NotImplementedError
+
+    @classmethod
+    def starts(cls, dist: str) -> str | None:
+        """How a reader starts a ``--dist`` run with this launcher, for the message when no
+        launcher started one (None: it cannot, or it is started by another launcher)."""
+        return cls.name if isinstance(cls.backends, tuple) and dist in cls.backends else None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.world_size}>"
@@ -102,18 +122,17 @@ class Launcher:
         given = next((self.env[n] for n in self.ADDRESS if self.env.get(n)), None)
         if given:
             return given
-        if self.job is not None and (self.job.step_nodes or self.job.nodes):
-            return (self.job.step_nodes or self.job.nodes)[0]
-        return None
+        nodes = self.scheduler.task_nodes if self.scheduler is not None else []
+        return nodes[0] if nodes else None
 
     @property
     def job_id(self) -> int | None:
-        return self.job.job_id if self.job is not None else None
+        """The scheduler's job id (None outside a batch job)."""
+        return self.scheduler.job_id if self.scheduler is not None else None
 
     def rendezvous_key(self) -> str:
-        """Names this run of the job's step: the announcement file's name (runtime.rendezvous)."""
-        step = self.job.step_id if self.job is not None and self.job.step_id is not None else "batch"
-        return f"{self.job_id}.{step}.{self.env.get('SLURM_RESTART_COUNT', '0')}"
+        """Names this run of the job: the announcement file's name (runtime.rendezvous)."""
+        return self.scheduler.rendezvous_key() if self.scheduler is not None else "local"
 
     def main_port(self) -> int | None:
         """The port of the rendezvous: the launcher's own, else the job id's (checked by rank 0
@@ -129,7 +148,8 @@ class Launcher:
 
     def announce_file(self):
         """Where the main rank announces the port it chose (``runtime.rendezvous``)."""
-        return rendezvous.announce_file(self.env, self.SUBMIT_DIR, self.rendezvous_key())
+        where = self.scheduler.SUBMIT_DIR if self.scheduler is not None else ()
+        return rendezvous.announce_file(self.env, where, self.rendezvous_key())
 
     def rendezvous_done(self) -> None:
         """Every rank has joined: the main rank removes its announcement (if it made one)."""
@@ -172,8 +192,9 @@ class Launcher:
         return affinity()
 
     def cpus_asked(self) -> int | float | None:
-        """The CPUs the job asked for this process (Slurm's --cpus-per-task), None if unknown."""
-        return self.job.cpus_per_task if self.job is not None else None
+        """The CPUs the job asked for this process (the scheduler's, Slurm's --cpus-per-task),
+        None if unknown."""
+        return self.scheduler.cpus_per_task if self.scheduler is not None else None
 
     def cpu_share(self) -> int:
         """The CPUs this rank can count on, for itself and its loader workers: the CPUs it may

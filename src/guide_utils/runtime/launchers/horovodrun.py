@@ -13,6 +13,8 @@ class Horovodrun(Launcher):
     name = "horovodrun"
     priority = 20  # before MPI's variables, which horovodrun --mpi's processes carry too
     backends = ("horovod",)
+    local = True  # runtime.launch.command starts it on this machine
+    example = "horovodrun -np 2 python -m guide_utils.train ..."
     RANK = ("HOROVOD_RANK",)
     SIZE = ("HOROVOD_SIZE",)
     LOCAL_RANK = ("HOROVOD_LOCAL_RANK",)

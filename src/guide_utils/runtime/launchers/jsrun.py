@@ -2,11 +2,12 @@
 
 jsrun starts every task and tells it ``JSM_NAMESPACE_RANK``, ``JSM_NAMESPACE_SIZE`` and
 ``JSM_NAMESPACE_LOCAL_RANK`` (IBM's jsrun documentation; PyTorch Lightning's LSF
-environment reads the same). The hosts come from LSF: ``LSB_MCPU_HOSTS`` lists
-``host slots`` pairs with the launch node first, which runs the batch script and no
-task, so the first compute host is the main one; the port derives from ``LSB_JOBID``
-like a Slurm job's. The tasks are one PMIx world (Spectrum MPI): Horovod starts, and DDP
-with the variables above. This file and its test are all a new launcher needs.
+environment reads the same). The job is LSF's (``runtime.schedulers``: its id, array index
+and submission directory, so the rendezvous port derives from ``LSB_JOBID`` as a Slurm
+job's from its id). Its hosts, ``LSB_MCPU_HOSTS``, start with the launch node, which runs
+the batch script and no task, so the first compute host is the main one: the one thing
+said here that LSF does not. The tasks are one PMIx world (Spectrum MPI): Horovod starts,
+and DDP with the variables above. This file and its test are all a new launcher needs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import socket
 from typing import Mapping
 
-from ..slurm import read_int
 from .base import Launcher
 
 
@@ -24,10 +24,10 @@ class Jsrun(Launcher):
     priority = 40  # before MPI: Spectrum MPI's ranks also carry OMPI_COMM_WORLD_*
     family = "mpirun"  # started_by: an MPI process manager
     backends = ("horovod", "ddp")
+    scheduler_name = "lsf"
     RANK = ("JSM_NAMESPACE_RANK",)
     SIZE = ("JSM_NAMESPACE_SIZE",)
     LOCAL_RANK = ("JSM_NAMESPACE_LOCAL_RANK",)
-    SUBMIT_DIR = ("LS_SUBCWD",)  # where bsub was run: the rendezvous announcement's directory
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -35,8 +35,7 @@ class Jsrun(Launcher):
 
     def hosts(self) -> list[str]:
         """The compute hosts, in LSF's order (the launch node left out)."""
-        words = self.env.get("LSB_MCPU_HOSTS", "").split()
-        return words[0::2][1:]
+        return self.scheduler.nodes[1:] if self.scheduler is not None else []
 
     @property
     def local_size(self) -> int:
@@ -57,10 +56,3 @@ class Jsrun(Launcher):
     @property
     def main_address(self) -> str | None:
         return next(iter(self.hosts()), None)
-
-    @property
-    def job_id(self) -> int | None:
-        return read_int(self.env, "LSB_JOBID")
-
-    def rendezvous_key(self) -> str:
-        return f"lsf{self.job_id}.{self.env.get('LSB_JOBINDEX', '0')}"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..slurm import expand_per_node, read_int
+from ..slurm import expand_per_node
+from ..variables import read_int
 from .base import Launcher
 
 MPI_RANK = ("PMIX_RANK", "PMI_RANK")  # srun's pmix and pmi2 plugins (and every MPI process manager)
@@ -22,6 +23,7 @@ class SrunTasks(Launcher):
     binds_each_rank = True  # each task on the CPUs of its own --cpus-per-task
     unit = "tasks"
     priority = 50  # after the launchers srun may start (torchrun, horovodrun) and their variables
+    scheduler_name = "slurm"
     RANK = ("SLURM_PROCID",)
     SIZE = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
     LOCAL_RANK = ("SLURM_LOCALID",)
@@ -35,6 +37,11 @@ class SrunTasks(Launcher):
         # An MPI process manager started inside a step (mpirun's daemons, hydra's proxies)
         # numbers its ranks itself: then the task id is its daemon's, not the rank.
         return mpi_rank is None or mpi_rank == read_int(env, "SLURM_PROCID")
+
+    @classmethod
+    def starts(cls, dist: str) -> str | None:
+        return {"horovod": "srun --mpi=pmix (or the site's $GUIDE_SRUN_MPI)", "ddp": "srun",
+                "mwms": "srun (one task per worker)"}.get(dist)
 
     @property
     def mpi(self) -> bool:

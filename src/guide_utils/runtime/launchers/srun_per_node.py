@@ -19,6 +19,7 @@ from .torchrun import Torchrun
 class SrunPerNode(Launcher):
     name = "srun-per-node"
     priority = 10  # first: its processes carry both the launcher's and the step's variables
+    scheduler_name = "slurm"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:

@@ -19,6 +19,8 @@ class Torchrun(Launcher):
     name = "torchrun"
     priority = 30  # before MPI and srun: processes it starts inherit theirs
     backends = ("ddp",)
+    local = True  # runtime.launch.command starts it on this machine
+    example = "torchrun --nproc-per-node 2 -m guide_utils.train ..."
     RANK = ("RANK",)
     SIZE = ("WORLD_SIZE",)
     LOCAL_RANK = ("LOCAL_RANK",)
