@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import host_speed
+import leftovers
 # A test broken by a Slurm daemon's crash runs once more (see there).
 from slurm_rerun import pytest_runtest_call  # noqa: F401
 
@@ -129,6 +130,9 @@ def _controller(config) -> bool:
 def pytest_configure(config):
     if _controller(config):
         _BOOK["out"] = Path(tempfile.mkdtemp(prefix="guide-book-"))
+    # Before anything starts: every process of this run carries its id, and what outlives
+    # the run fails it (tests/leftovers.py).
+    leftovers.pytest_configure(config)
 
 
 def _start_book() -> None:
@@ -153,6 +157,7 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     node.workerinput["guide_book"] = str(_BOOK["out"])
+    leftovers.pytest_configure_node(node)
 
 
 @pytest.hookimpl(optionalhook=True)

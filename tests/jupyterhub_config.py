@@ -82,6 +82,8 @@ c.Spawner.environment = {
     "SLURM_CONF": os.environ["SLURM_CONF"],
     "GUIDE_SITE": "ci",
     "OMPI_MCA_mpi_yield_when_idle": "1",
+    # the test run's id (tests/leftovers.py): a process of the server's job left running fails the run
+    "GUIDE_TEST_RUN": os.environ.get("GUIDE_TEST_RUN", ""),
 }
 # The job's script (a site writes its own the same way: partition, account, modules).
 c.SlurmSpawner.batch_script = """#!/bin/bash

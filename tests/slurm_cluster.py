@@ -37,6 +37,7 @@ import time
 import warnings
 from pathlib import Path
 
+import leftovers
 import slurm_sockets
 from slurm_conf import (GPUS_PER_NODE, NODES, SlurmStartError, SlurmUnavailable, ensure_installed, first_job_id,
                         hardware_layout, slurm_values)
@@ -87,6 +88,7 @@ class SlurmCluster:
         if os.geteuid() != 0:
             raise SlurmUnavailable("the test Slurm needs root (slurmd starts jobs as their user)")
         ensure_installed()
+        leftovers.own(self.root)  # a slurmstepd still holding a file here at the run's end is a leftover
         for tool in ("unshare", "nsenter", "mount"):
             if not shutil.which(tool):
                 raise SlurmStartError(f"{tool} (util-linux) is missing; the test Slurm runs in a mount namespace")
@@ -132,10 +134,14 @@ class SlurmCluster:
                     os.mknod(f, 0o600 | stat.S_IFCHR, os.makedev(195, i))
 
     def stop(self) -> None:
+        """Cancel every job, stop the daemons, then end whatever is left in their namespace.
+        A slurmstepd outlives its slurmd by design (a site restarts slurmd under running
+        jobs), so stopping the daemons alone left a job's step running after the session."""
         self._sampling.set()
         if self._sampler is not None:
             self._sampler.join(timeout=10)
-        procs = [p for _, p in reversed(self.procs)] + ([self.holder] if self.holder else [])
+        self._cancel_jobs()
+        procs = [p for _, p in reversed(self.procs)]
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -145,8 +151,49 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self._end_namespace()
         self.procs.clear()
         self.holder = None
+
+    def _cancel_jobs(self, within: float = 30) -> None:
+        """scancel every job and wait (at most ``within`` s) until the queue is empty."""
+        if not any(name == "slurmctld" and p.poll() is None for name, p in self.procs):
+            return  # no controller, no jobs to ask about: the namespace's end below
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            try:
+                out = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True, env=self.env,
+                                     timeout=15)
+            except subprocess.TimeoutExpired:
+                continue
+            jobs = out.stdout.split()
+            if out.returncode != 0 or not jobs:
+                return
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(["scancel", *jobs], capture_output=True, env=self.env, timeout=15)
+            time.sleep(1)
+
+    def _end_namespace(self) -> None:
+        """SIGKILL every process left in the daemons' mount namespace (slurmstepd, a job's
+        tasks), wait until they are gone, then end the namespace's holder."""
+        if self.holder is None:
+            return
+        try:  # never the host's own namespace: only a private one holds nothing but the cluster
+            private = os.readlink(f"/proc/{self.holder.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            private = False
+        end = time.monotonic() + 30
+        while private and time.monotonic() < end:
+            left = [pid for pid in self.namespace_pids() if pid != self.holder.pid]
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.holder.pid, signal.SIGKILL)
+        self.holder.wait()
 
     def _namespace(self) -> None:
         """Start the process that holds the daemons' mount namespace: private mounts (nothing

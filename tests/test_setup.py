@@ -69,7 +69,7 @@ PASS_THROUGH = 'if [[ $1 == -m && $2 == venv ]]; then exec /usr/bin/python3.11 -
 @pytest.mark.skipif(not Path("/usr/bin/python3.11").exists(), reason="no distribution python3.11 here")
 def test_the_venv_takes_python_on_path_and_the_distributions_when_that_cannot(tmp_path):
     """python3.11 on PATH makes the venv, whatever its build (pyenv's, without PGO, is slower
-    than Debian's, but the suite ran without a crash only under it: docs/setup.md); one that
+    than Debian's, which was set aside after two crashes under it: docs/setup.md); one that
     cannot make a venv is passed over for /usr/bin/python3.11."""
     said, log = _make_venv(tmp_path / "a", PASS_THROUGH)
     assert f"created {tmp_path / 'a' / 'venv'} with python3.11" in said, said

@@ -6,6 +6,7 @@ tests/test_slurm_examples.py runs the same staging in jobs of the test Slurm."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -59,15 +60,16 @@ esac
 exec {real_df} "$@\"""")
     site = tmp_path / "site.sh"
     site.write_text(PROFILE.format(scratch=scratch, archive=archive))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_")) or k == "GUIDE_TEST_RUN"}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", GUIDE_ROOT=str(REPO), GUIDE_SITE=str(site), SLURM_JOB_ID=JOB,
                SLURM_JOB_NUM_NODES="1", SLURMD_NODENAME="node1", TMPDIR=str(tmp_path))
 
     def run(script: str = "", background: bool = False, **extra: str):
         code = f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\nguide_load_site\nguide_stage_data\n{script}'
         args = dict(env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-        return subprocess.Popen(["bash", "-c", code], **args) if background else subprocess.run(["bash", "-c", code],
-                                                                                               **args)
+        if background:  # its own process group: the test ends what the script left running
+            return subprocess.Popen(["bash", "-c", code], start_new_session=True, **args)
+        return subprocess.run(["bash", "-c", code], **args)
 
     run.scratch, run.site, run.archive = scratch, site, archive
     return run
@@ -169,6 +171,8 @@ def test_a_batch_shell_ended_by_term_removes_the_copy(node):
     assert (node.scratch / f"guide-{JOB}" / "toy" / "val").is_dir()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 143
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the step's sleep, which Slurm would end with the job
     end = time.monotonic() + 10
     while list(node.scratch.iterdir()) and time.monotonic() < end:
         time.sleep(0.1)

@@ -155,7 +155,7 @@ class Dist:
             # that only the garbage collector frees, so without this the group outlives
             # destroy_process_group into the interpreter's finalization, where PyTorch has
             # reports of Gloo teardowns aborting the process (rank 0 once aborted so after a
-            # finished run here: docs/setup.md, ci35).
+            # finished run here: docs/history.md, ci35).
             gc.collect()
             if tdist.is_initialized():
                 tdist.destroy_process_group()
