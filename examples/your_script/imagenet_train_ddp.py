@@ -124,7 +124,9 @@ def train(train_loader, model, criterion, optimizer, epoch, device, args, run):
             print(f"step {run['step']} lr {run['scheduler'].get_last_lr()[0]:.10g}")
         run["scheduler"].step()  # every step: the warmup is a ramp over steps
         run["step"] += 1
-        if run["step"] % 10 == 0 and stop_requested(run["stop"], device):  # asked every 10 steps
+        # Asked every 10 steps, but not on an epoch's last: its end-of-epoch work comes first
+        if run["step"] % 10 == 0 and run["step"] % run["steps"] \
+                and stop_requested(run["stop"], device):
             if run["rank"] == 0:
                 run["save"](epoch)
             dist.barrier()  # the checkpoint is written before any rank exits
@@ -195,7 +197,8 @@ def main():
         return 0.1 ** (step // steps // args.lr_step)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    best_acc1, run = 0.0, {"step": 0, "stop": stop, "rank": rank, "scheduler": scheduler}
+    best_acc1 = 0.0
+    run = {"step": 0, "stop": stop, "rank": rank, "scheduler": scheduler, "steps": steps}
 
     def save(epoch, is_best=False):  # the unwrapped model: DDP's wrapper would add "module."
         save_checkpoint({"epoch": epoch, "step": run["step"], "state_dict": model.state_dict(),
@@ -221,6 +224,8 @@ def main():
         is_best, best_acc1 = acc1 > best_acc1, max(acc1, best_acc1)
         if rank == 0:  # one writer of the checkpoint
             save(epoch + 1, is_best)
+        if stop_requested(stop, device):  # warned at the epoch's end: stop now that it is done
+            raise SystemExit(75)
     print(f"rank {rank} weights {weights_digest(model)}")
     dist.destroy_process_group()
 

@@ -99,6 +99,10 @@ def save_checkpoint(state, is_best, filename="checkpoint.pth.tar"):
         shutil.copyfile(filename, filename + ".best")
 
 
+def stop_requested(stop):  # a signal to any rank stops all, at the same step
+    return hvd.allreduce(torch.tensor(len(stop)), op=hvd.Sum) > 0
+
+
 def train(train_loader, model, criterion, optimizer, epoch, device, args, run):
     losses, top1 = AverageMeter("Loss", ":.4e"), AverageMeter("Acc@1", ":6.2f")
     progress = ProgressMeter(len(train_loader), [losses, top1], prefix=f"Epoch: [{epoch}]")
@@ -117,8 +121,8 @@ def train(train_loader, model, criterion, optimizer, epoch, device, args, run):
             print(f"step {run['step']} lr {run['scheduler'].get_last_lr()[0]:.10g}")
         run["scheduler"].step()  # every step: the warmup is a ramp over steps
         run["step"] += 1
-        # Every 10 steps: was any rank signalled? All stop at the same step, or the rest hang.
-        if run["step"] % 10 == 0 and hvd.allreduce(torch.tensor(len(run["stop"])), op=hvd.Sum) > 0:
+        # Asked every 10 steps, but not on an epoch's last: its end-of-epoch work comes first
+        if run["step"] % 10 == 0 and run["step"] % run["steps"] and stop_requested(run["stop"]):
             if run["rank"] == 0:
                 run["save"](epoch)
             hvd.barrier()  # the checkpoint is written before any rank exits
@@ -188,7 +192,8 @@ def main():
         return 0.1 ** (step // steps // args.lr_step)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    best_acc1, run = 0.0, {"step": 0, "stop": stop, "rank": rank, "scheduler": scheduler}
+    best_acc1 = 0.0
+    run = {"step": 0, "stop": stop, "rank": rank, "scheduler": scheduler, "steps": steps}
 
     def save(epoch, is_best=False):
         save_checkpoint({"epoch": epoch, "step": run["step"], "state_dict": model.state_dict(),
@@ -215,6 +220,8 @@ def main():
         is_best, best_acc1 = acc1 > best_acc1, max(acc1, best_acc1)
         if rank == 0:  # one writer of the checkpoint
             save(epoch + 1, is_best)
+        if stop_requested(stop):  # warned at the epoch's end: stop now that it is done
+            raise SystemExit(75)
     print(f"rank {rank} weights {weights_digest(model)}")
 
 

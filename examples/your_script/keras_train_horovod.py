@@ -98,8 +98,9 @@ def main():
             return (1 + (size - 1) * step / (args.warmup_epochs * steps)) / size
         return 0.1 ** sum(step >= m * steps for m in args.milestones)
 
-    def check_stop(batch, logs):  # every 10 steps: any rank signalled? All stop at the same step
-        if int(optimizer.iterations) % 10 == 0 and hvd.allreduce(len(stop), op=hvd.Sum) > 0:
+    def check_stop(batch, logs):  # every 10 steps, not on an epoch's last: any rank signalled?
+        step = int(optimizer.iterations)
+        if step % 10 == 0 and step % steps and hvd.allreduce(len(stop), op=hvd.Sum) > 0:
             model.stop_training = True
 
     # The linear scaling rule: a global batch `size` times larger, a learning rate too
@@ -128,6 +129,8 @@ def main():
             print(f"epoch {epoch + 1}/{args.epochs} loss {history['loss'][-1]:.4f} "
                   f"accuracy {history['accuracy'][-1]:.4f}")
             checkpoint.write(args.checkpoint)
+        if hvd.allreduce(len(stop), op=hvd.Sum) > 0:  # warned at the epoch's end: stop after it
+            raise SystemExit(75)
     print(f"rank {rank} weights {weights_digest(model)}")
 
 

@@ -106,7 +106,9 @@ def train(args, model, device, train_loader, optimizer, epoch, scheduler, run):
                 break
         scheduler.step()  # every step: the warmup is a ramp over steps
         run["step"] += 1
-        if run["step"] % 10 == 0 and stop_requested(run["stop"], device):  # asked every 10 steps
+        # Asked every 10 steps, but not on an epoch's last: its end-of-epoch work comes first
+        if run["step"] % 10 == 0 and run["step"] % run["steps"] \
+                and stop_requested(run["stop"], device):
             if run["rank"] == 0:  # the unwrapped model: DDP's wrapper prefixes keys with module.
                 save_checkpoint(args.checkpoint, model.module, optimizer, scheduler, run["step"])
             dist.barrier()  # the checkpoint is written before any rank exits
@@ -185,7 +187,7 @@ def main():
         return args.gamma ** ((step - warm) // steps)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    run = {"step": 0, "stop": stop, "rank": rank}  # optimizer steps done, over all epochs
+    run = {"step": 0, "stop": stop, "rank": rank, "steps": steps}  # step: over all epochs
     if os.path.exists(args.checkpoint):  # a resumable checkpoint: all of the run's state
         state = torch.load(args.checkpoint, map_location=device)
         model.load_state_dict(state["model"])
@@ -202,6 +204,8 @@ def main():
         test(model, device, test_loader)
         if rank == 0:  # one writer of the checkpoint
             save_checkpoint(args.checkpoint, model, optimizer, scheduler, run["step"])
+        if stop_requested(stop, device):  # warned at the epoch's end: stop now that it is done
+            raise SystemExit(75)
 
     if args.save_model and rank == 0:
         torch.save(model.state_dict(), "mnist_cnn.pt")

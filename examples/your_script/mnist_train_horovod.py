@@ -82,6 +82,10 @@ def save_checkpoint(path, model, optimizer, scheduler, step):
     os.replace(path + ".tmp", path)
 
 
+def stop_requested(stop):  # a signal to any rank stops all, at the same step
+    return hvd.allreduce(torch.tensor(len(stop)), op=hvd.Sum) > 0
+
+
 def train(args, model, device, train_loader, optimizer, epoch, scheduler, run):
     model.train()
     for batch_idx, (data, target) in enumerate(train_loader):
@@ -100,8 +104,8 @@ def train(args, model, device, train_loader, optimizer, epoch, scheduler, run):
                 break
         scheduler.step()  # every step: the warmup is a ramp over steps
         run["step"] += 1
-        # Every 10 steps: was any rank signalled? All stop at the same step, or the rest hang.
-        if run["step"] % 10 == 0 and hvd.allreduce(torch.tensor(len(run["stop"])), op=hvd.Sum) > 0:
+        # Asked every 10 steps, but not on an epoch's last: its end-of-epoch work comes first
+        if run["step"] % 10 == 0 and run["step"] % run["steps"] and stop_requested(run["stop"]):
             if run["rank"] == 0:
                 save_checkpoint(args.checkpoint, model, optimizer, scheduler, run["step"])
             hvd.barrier()  # the checkpoint is written before any rank exits
@@ -179,7 +183,7 @@ def main():
         return args.gamma ** ((step - warm) // steps)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    run = {"step": 0, "stop": stop, "rank": rank}  # optimizer steps done, over all epochs
+    run = {"step": 0, "stop": stop, "rank": rank, "steps": steps}  # step: over all epochs
     if os.path.exists(args.checkpoint):  # a resumable checkpoint: all of the run's state
         state = torch.load(args.checkpoint, map_location=device)
         model.load_state_dict(state["model"])
@@ -197,6 +201,8 @@ def main():
         test(model, device, test_loader)
         if rank == 0:  # one writer of the checkpoint
             save_checkpoint(args.checkpoint, model, optimizer, scheduler, run["step"])
+        if stop_requested(stop):  # warned at the epoch's end: stop now that it is done
+            raise SystemExit(75)
 
     if args.save_model and rank == 0:
         torch.save(model.state_dict(), "mnist_cnn.pt")

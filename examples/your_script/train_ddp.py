@@ -159,7 +159,8 @@ def main():
             step += 1
             correct = (out.argmax(1) == y).sum().item()
             totals += torch.tensor([loss.item() * len(y), correct, len(y)], device=device)
-            if step % 10 == 0 and stop_requested(stop, device):  # asked every 10 steps
+            # Asked every 10 steps, but not on an epoch's last: its end-of-epoch work comes first
+            if step % 10 == 0 and step % steps and stop_requested(stop, device):
                 if rank == 0:
                     save_checkpoint(args.checkpoint, model, optimizer, scheduler, step)
                 dist.barrier()  # the checkpoint is written before any rank exits
@@ -169,6 +170,8 @@ def main():
             print(f"epoch {epoch + 1}/{args.epochs} loss {totals[0] / totals[2]:.4f} "
                   f"accuracy {totals[1] / totals[2]:.4f}")
             save_checkpoint(args.checkpoint, model, optimizer, scheduler, step)
+        if stop_requested(stop, device):  # warned at the epoch's end: stop now that it is done
+            raise SystemExit(75)
     print(f"rank {rank} weights {weights_digest(model)}")
     dist.destroy_process_group()
 

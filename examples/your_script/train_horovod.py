@@ -84,6 +84,10 @@ def save_checkpoint(path, model, optimizer, scheduler, step):
     os.replace(path + ".tmp", path)
 
 
+def stop_requested(stop):  # a signal to any rank stops all, at the same step
+    return hvd.allreduce(torch.tensor(len(stop)), op=hvd.Sum) > 0
+
+
 def main():
     args = parse_args()
     stop = []  # Slurm's warning before the time limit (sbatch --signal=B:USR1@600), or SIGTERM
@@ -143,8 +147,8 @@ def main():
             step += 1
             correct = (out.argmax(1) == y).sum().item()
             totals += torch.tensor([loss.item() * len(y), correct, len(y)], device=device)
-            # Every 10 steps: was any rank signalled? All stop at the same step, or the rest hang.
-            if step % 10 == 0 and hvd.allreduce(torch.tensor(len(stop)), op=hvd.Sum) > 0:
+            # Asked every 10 steps, but not on an epoch's last: its end-of-epoch work comes first
+            if step % 10 == 0 and step % steps and stop_requested(stop):
                 if rank == 0:
                     save_checkpoint(args.checkpoint, model, optimizer, scheduler, step)
                 hvd.barrier()  # the checkpoint is written before any rank exits
@@ -154,6 +158,8 @@ def main():
             print(f"epoch {epoch + 1}/{args.epochs} loss {totals[0] / totals[2]:.4f} "
                   f"accuracy {totals[1] / totals[2]:.4f}")
             save_checkpoint(args.checkpoint, model, optimizer, scheduler, step)
+        if stop_requested(stop):  # warned at the epoch's end: stop now that it is done
+            raise SystemExit(75)
     print(f"rank {rank} weights {weights_digest(model)}")
 
 

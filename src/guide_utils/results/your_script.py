@@ -46,17 +46,21 @@ FOLDER = ("examples", "your_script")
 VERSIONS = {"train_horovod.py": "train.py", "train_ddp.py": "train.py",
             "keras_train_horovod.py": "keras_train.py",
             "mnist_train_ddp.py": "mnist_train.py", "mnist_train_horovod.py": "mnist_train.py",
-            "imagenet_train_ddp.py": "imagenet_train.py", "imagenet_train_horovod.py": "imagenet_train.py"}
+            "imagenet_train_ddp.py": "imagenet_train.py", "imagenet_train_horovod.py": "imagenet_train.py",
+            "lm_train_ddp.py": "lm_train.py", "lm_train_horovod.py": "lm_train.py"}
 LABELS = {"train_horovod.py": "PyTorch + Horovod", "train_ddp.py": "PyTorch DDP (torchrun or srun)",
           "keras_train_horovod.py": "Keras + Horovod", "mnist_train_ddp.py": "MNIST-shaped, DDP",
           "mnist_train_horovod.py": "MNIST-shaped, Horovod", "imagenet_train_ddp.py": "ImageNet-shaped, DDP",
-          "imagenet_train_horovod.py": "ImageNet-shaped, Horovod"}
+          "imagenet_train_horovod.py": "ImageNet-shaped, Horovod", "lm_train_ddp.py": "language model, DDP",
+          "lm_train_horovod.py": "language model, Horovod"}
 FIRST = ("train_horovod.py", "train_ddp.py", "keras_train_horovod.py")  # the chapter's first script's
 SHAPES = ("mnist_train_ddp.py", "mnist_train_horovod.py", "imagenet_train_ddp.py", "imagenet_train_horovod.py")
+LM = ("lm_train_ddp.py", "lm_train_horovod.py")  # the word-language-model shape: no DataLoader
 # The functions of each single-GPU script that hold its loop, which the versions may change;
 # everything else it defines (data, model, digest, checkpoint format) they keep line for line.
 LOOP = {"train.py": ("main", "parse_args"), "keras_train.py": ("main", "parse_args"),
-        "mnist_train.py": ("main", "train", "test"), "imagenet_train.py": ("main", "train", "validate")}
+        "mnist_train.py": ("main", "train", "test"), "imagenet_train.py": ("main", "train", "validate"),
+        "lm_train.py": ("main", "parse_args", "train", "evaluate")}
 # Changed code lines a version may have: what the chapter promises and the tests hold. The
 # shapes that had no resumable checkpoint or step counter (mnist_train.py) add one too.
 LINE_BUDGET = 100
@@ -72,9 +76,17 @@ class Idea:
 
 # A line that no new block encloses takes the first idea, in this order, whose pattern it matches.
 IDEAS = (
+    # The language-model shape's own (lm_train_*.py): the other versions have no such lines.
+    Idea("update", "an update written by hand: the gradients averaged, then clipped",
+         r"synchronize|clip_grad|param_groups\[0\]\[\"lr\"\] = |optim\.SGD\(model\.parameters\(\), lr=args\.lr\)"
+         r"|the update see|^\s*optimizer\.(zero_grad|step)\(\)$|run\[\"warmup\"\]"),
+    Idea("state", "state carried from batch to batch: each rank's, in the checkpoint",
+         r"run\.pop\(\"state\"|\(state\)  #"),
+    Idea("plateau", "a schedule on the validation loss: one loss that every rank shares",
+         r"\[\"best\"\]|/= 4|float64"),
     Idea("requeue", "stop together on Slurm's warning, save, exit 75, resume",
          r"\bsignal\b|\bstop\b|stop_requested|check_stop|stop_training|SystemExit|barrier|\"saved\""
-         r"|def train\(|train\(.*\brun\)"),
+         r"|def train\(|train\(.*\brun\)|% 10 == 0"),
     Idea("rank0", "print and checkpoint on rank 0", r"rank == 0|rank \{rank\}|rank\(\) == 0|\[\"rank\"\] == 0"),
     Idea("checkpoint", "a resumable checkpoint: the unwrapped model, the position, the RNG",
          r"save_checkpoint|\bsave\b|rng|torch\.load|isfile|os\.path\.exists|load_state_dict|run\[\"step\"\]"
@@ -89,7 +101,7 @@ IDEAS = (
          r"DistributedOptimizer|DistributedDataParallel|ddp_model|broadcast|BroadcastGlobal"),
     Idea("data", "a shard per rank, reshuffled every epoch",
          r"DistributedSampler|sampler|SkippingSampler|set_epoch|rank::size|// size|islice|\bdone\b|Generator"
-         r"|import itertools"),
+         r"|import itertools|args\.batch_size \* size|\[:, rank \* args\.batch_size"),
     Idea("evaluate", "evaluation on every rank, each its share, summed", r"val_|test_loader|Subset|Acc@1|acc1"
          r"|Accuracy|sums|correct|reduction=\"sum\""),
     Idea("metrics", "metrics summed or averaged over the ranks", r"totals|MetricAverage"),
