@@ -134,6 +134,9 @@ def _broken(run: runs.Run, report: Report) -> bool:
         why = run.stopped or "it ended without a training forward pass"
         report.verdicts.append(Verdict("FAIL", "run", f"no rank trained: {why}"))
     else:
+        # A crash two ranks writing one file can cause (a rename that finds the file gone): say so first
+        shared = verdicts.checkpoints(run)
+        report.verdicts += [shared] if shared.status == "FAIL" else []
         report.verdicts.append(Verdict("FAIL", "run", f"rank {crash[0]} {crash[1]}"))
     tail = run.ranks[rank].tail() or "\n".join(run.output.strip().splitlines()[-6:])
     report.notes += [f"      last lines of rank {rank}:"] + [f"      | {line}" for line in tail.splitlines()]
@@ -155,13 +158,15 @@ def _resumes(ctx: dict, unbroken: runs.Run) -> tuple[list[Verdict], list[runs.Ru
     s = s if s is not None and b is not None and s > b else None
     again = _launch(ctx, "mid-restart", "resumed", table=table, base=b, signal_at=s) if b is not None else None
     c = _stop(again) if again is not None and s is not None else None
+    if c is not None and resume.stop_and_resume(resume.MID, unbroken, mid, again, again).status == "FAIL":
+        c = None  # the first resume failed already: no second to check on top of it
     last = _launch(ctx, "end-restart", "resumed", table=table, base=c) if c is not None else again
     done = [r for r in (mid, again, last) if r is not None]
     first = resume.stop_and_resume(resume.MID, unbroken, mid, again, last)
     if first.name == "epoch-end":  # it stops at epoch ends only: no mid-epoch stop to check
         return [Verdict("SKIP", "resume", f"warned in the middle of an epoch (after step {a}), the script went on "
                         f"to the epoch's end (step {b}) before it stopped: see epoch-end"), first], done
-    if s is None:
+    if s is None or (c is None and first.status == "FAIL"):
         why = "the first resume failed" if first.status == "FAIL" else "no epoch of this run ends after the " \
             "first stop with a step left: give ARGS with shorter epochs or a larger --steps"
         return [first, resume.stop_and_resume(resume.END, unbroken, None, None, why=why)], done

@@ -229,9 +229,9 @@ def _weights(name: str, at: str, unbroken: Run, restart: Run, last: Run, base: i
         f" (only {ranks_list(apart)}'s buffers, BatchNorm's running statistics, restarted from rank 0's, as "
         "Horovod's examples do; they change no weight)" if apart else "")
     stop = restart.ranks[0].end
-    if restart is not last and stop and stop["code"] == 75:  # warned again: compare up to there
+    if stop and stop["code"] == 75 and stop["pos"] != target:  # warned again: compare up to there
         same = _by_position(unbroken.ranks[0], "fwd").get(stop["pos"], {}).get("w") == stop["w"]
-        if same or (worst is not None and worst <= 1e-5 * max(scale, 1.0)):
+        if same or (last is not restart and worst is not None and worst <= 1e-5 * max(scale, 1.0)):
             return Verdict("PASS", name, f"{at}; resumed at step {base}{redone}, trained as the unbroken run up "
                            f"to the next warning at step {stop['pos']} (equal weights), each epoch's end done once")
     elif worst is not None and worst <= 1e-5 * max(scale, 1.0):
@@ -275,7 +275,8 @@ def exits(runs: list[Run]) -> Verdict:
                 return Verdict("FAIL", "exit", f"after the warning rank {r} exited with {end['code']}, not 75: the "
                                f"batch script requeues the job only on 75 ({CHAPTER}, item 9)")
     warned = sum(run.first("signal") is not None for run in runs)
-    return Verdict("PASS", "exit", f"every rank of {len(runs)} runs exited by itself"
+    return Verdict("PASS", "exit", f"every rank of {'the run' if len(runs) == 1 else f'{len(runs)} runs'} exited "
+                   "by itself"
                    + (f", with 75 after each of {warned} warnings" if warned else ""))
 
 
