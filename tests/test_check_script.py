@@ -266,6 +266,40 @@ def test_the_probe_refuses_to_write_outside_the_runs_folder(tmp_path):
     assert "refuses to let the script write" in events[-1]["error"]
 
 
+def test_the_probe_records_a_loaders_indices_and_none_for_an_iterable_dataset(tmp_path):
+    """One process, no launcher: a training pass fed by a map-style loader carries the batch's
+    sample indices; one fed by an iterable dataset (no indices) carries none, so the data
+    check compares its inputs instead of taking every batch for the same sample."""
+    script = tmp_path / "loaders.py"
+    script.write_text("""import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.randn(8, 4))
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for loader in (DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, shuffle=True),
+               DataLoader(Stream(), batch_size=4)):
+    for batch in loader:
+        x = batch[0] if isinstance(batch, list) else batch
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+""")
+    (tmp_path / "run").mkdir()
+    env = child_env(GUIDE_CHECK_DIR=str(tmp_path), GUIDE_CHECK_RUN="unbroken")
+    proc = subprocess.run([sys.executable, "-m", "guide_utils.cluster.script_check.probe", str(script)],
+                          cwd=tmp_path / "run", env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (tmp_path / "unbroken.rank0.log").read_text()
+    events = [json.loads(line) for line in (tmp_path / "unbroken.rank0.jsonl").read_text().splitlines()]
+    passes = [e["idx"] for e in events if e["e"] == "fwd"]
+    assert [sorted(p) if p else p for p in passes[:2]] != [None, None] and passes[2:] == [None, None]
+    assert sorted(passes[0] + passes[1]) == list(range(8))
+    assert [e["n"] for e in events if e["e"] == "step"] == [0, 1, 2, 3]
+
+
 # -- the examples, under their launchers ---------------------------------------------------------
 
 FIRST = ["--epochs", "6", "--steps-per-epoch", "12", "--warmup-epochs", "1", "--milestones", "4",

@@ -331,8 +331,9 @@ class Probe:
         fifo = vars(it).get("_fifo") or [None]
         index = fifo.pop(0)
         index = index if isinstance(index, list) else [index]
-        self.batch = (getattr(it, "_guide_loader", None),
-                      [i if isinstance(i, int) else digest([repr(i)]) for i in index])
+        # An iterable dataset has no indices (None): its batches are told apart by their inputs
+        known = [i if isinstance(i, int) else digest([repr(i)]) for i in index if i is not None]
+        self.batch = (getattr(it, "_guide_loader", None), known or None)
         return batch
 
     def parsed(self, result, parser, *args, **kwargs):
