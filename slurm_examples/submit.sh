@@ -49,6 +49,11 @@ if [[ -n ${SLURM_JOB_ID:-} ]]; then
 fi
 
 guide_load_site
+# A script that runs your own command (16): one it could not pass Slurm's time-limit warning
+# to is refused (or warned about) here, before it waits in the queue.
+if grep -q '^guide_command_check' "$script"; then
+    guide_command_check ${train_args[@]+"${train_args[@]}"}
+fi
 
 # Tasks (= GPUs) per node: an explicit --ntasks-per-node, else the script's own (the
 # single-GPU baseline pins one), else the site's GPUs per node.

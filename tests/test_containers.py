@@ -74,6 +74,40 @@ def test_the_apptainer_profile_binds_scratch_and_project_and_passes_the_gpus():
         "-B", "/scratch/my_project", "/projappl/my_project/guide.sif"]
 
 
+def _net_profile(tmp_path: Path, libs: str) -> Path:
+    """The Apptainer profile with an image that exists here and ``libs`` as GUIDE_APPTAINER_NET_LIBS."""
+    (tmp_path / "guide.sif").touch()
+    profile = tmp_path / "site.sh"
+    profile.write_text((EXAMPLES / "sites" / f"{PROFILE}.sh").read_text()
+                       + f"GUIDE_CONTAINER={tmp_path}/guide.sif\nGUIDE_APPTAINER_NET_LIBS=({libs})\n")
+    return profile
+
+
+def test_the_hosts_network_libraries_are_bound_into_the_image_where_the_profile_names_them(tmp_path):
+    """GUIDE_APPTAINER_NET_LIBS (the host's libfabric and aws-ofi-nccl, folders or files): each
+    bound read-only at its own path, their folders on the image's LD_LIBRARY_PATH, where NCCL
+    looks for its plugin; a path the node does not have stops the job in one line."""
+    ofi, cxi = tmp_path / "opt/aws-ofi-nccl/lib", tmp_path / "usr/lib64/libcxi.so.1"
+    ofi.mkdir(parents=True)
+    cxi.parent.mkdir(parents=True)
+    cxi.touch()
+    profile = _net_profile(tmp_path, f"{ofi} {cxi}")
+    script = f'source "{EXAMPLES}/lib/guide.sh"; guide_load_site; guide_software; printf "%s\\n" "${{GUIDE_EXEC[@]}}"'
+    env = {**os.environ, "GUIDE_SITE": str(profile), "LOCAL_SCRATCH": "/l", "GUIDE_ROOT": str(REPO)}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    net = ["-B", f"{ofi}:{ofi}:ro", "-B", f"{cxi}:{cxi}:ro", "--env", f"LD_LIBRARY_PATH={ofi}:{cxi.parent}"]
+    assert out.stdout.splitlines()[-len(net) - 1:] == [*net, f"{tmp_path}/guide.sif"], out.stdout
+    assert exec_prefix(profile, local_scratch="/l")[-len(net) - 1:-1] == net  # the notebook's view is the job's
+    out = subprocess.run(["bash", "-c", script], env={**env, "GUIDE_SITE": str(_net_profile(tmp_path, "/no/such"))},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "GUIDE_APPTAINER_NET_LIBS in" in out.stderr and "names /no/such, which this node does not have" in out.stderr
+    # none named (the shipped profiles): nothing added
+    assert exec_prefix(_net_profile(tmp_path, ""), local_scratch="/l")[-2:] == ["/scratch/my_project",
+                                                                                f"{tmp_path}/guide.sif"]
+
+
 @pytest.mark.slow
 def test_the_image_builds_and_trains_one_smoke_epoch(tmp_path):
     runtime = shutil.which("apptainer") or shutil.which("singularity")

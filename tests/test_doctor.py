@@ -51,9 +51,66 @@ def test_healthy_stack_has_nothing_to_say():
 
 
 def test_gpus_without_nccl_warns():
+    """The whole guide (no --dist): a warning, as most of it needs no Horovod."""
     d = diagnose(healthy(horovod=horovod_facts(NCCL=False)))
     assert len(d.warnings) == 1 and "without NCCL" in d.warnings[0] and "HOROVOD_GPU_OPERATIONS=NCCL" in d.warnings[0]
-    assert d.usable  # slow, but it trains
+    assert d.usable
+
+
+def test_a_horovod_job_on_gpus_without_nccl_is_a_problem():
+    """DIST=horovod on GPUs with a Horovod without NCCL (the guide's own `make`-built one) would
+    average every gradient through host memory: the job stops, naming the rebuild and DDP."""
+    job = Job("pytorch", "horovod")
+    d = diagnose(healthy(horovod=horovod_facts(NCCL=False), job=job))
+    [problem] = d.problems
+    assert "4 GPU(s) visible but Horovod was built without NCCL" in problem and "HOROVOD_GPU_OPERATIONS=NCCL" in problem
+    assert "--dist ddp" in problem and "GUIDE_HOROVOD=no" in problem
+    cpu_node = dict(healthy().torch, gpus=[])
+    assert diagnose(healthy(torch=cpu_node, horovod=horovod_facts(NCCL=False), job=job)).usable  # CPUs: no NCCL needed
+    tf_job = diagnose(healthy(horovod=horovod_facts(NCCL=False), job=Job("tensorflow", "horovod")))
+    assert any("without NCCL" in p and "--dist mwms" in p for p in tf_job.problems), tf_job
+
+
+def without_mpi() -> dict:
+    h = horovod_facts(MPI=False)
+    h["controllers"] = {"MPI": False, "Gloo": True}
+    return h
+
+
+def test_a_horovod_without_mpi_is_a_problem_where_srun_starts_the_ranks():
+    """srun --mpi=pmix starts the ranks; only Horovod's MPI controller joins them (without it
+    each rank makes a world of one). horovodrun --gloo in the batch shell needs no MPI."""
+    d = diagnose(healthy(horovod=without_mpi(), job=Job("pytorch", "horovod", launch="tasks")))
+    [problem] = d.problems
+    assert problem.startswith("Horovod was built without MPI, but srun starts this job's ranks")
+    assert "HOROVOD_WITH_MPI=1" in problem and "--dist ddp" in problem
+    assert diagnose(healthy(horovod=without_mpi(), job=Job("pytorch", "horovod", launch="shell"))).usable
+    assert diagnose(healthy(horovod=horovod_facts(), job=Job("pytorch", "horovod", launch="tasks"))).usable
+
+
+# A Horovod as a build without MPI reports itself (Gloo only, no NCCL), with no compiled code:
+# what the probe reads from it is what a real such build's bindings answer.
+STAND_IN_HOROVOD = {
+    "horovod/__init__.py": '__version__ = "0.28.1"\n',
+    "horovod/torch/__init__.py": "def allreduce(tensor, **kwargs):\n    return tensor\n\n\n"
+                                 "def mpi_built():\n    return False\n\n\ndef gloo_built():\n    return True\n\n\n"
+                                 "def nccl_built():\n    return False\n\n\nddl_built = ccl_built = nccl_built\n",
+}
+
+
+def test_the_probe_reads_a_horovod_built_without_mpi(tmp_path, monkeypatch):
+    from guide_utils.cluster.doctor.probes import run_probes
+
+    for name, text in STAND_IN_HOROVOD.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    job = Job("pytorch", "horovod", launch="tasks")
+    [(result, error)] = run_probes({"horovod": job.probes()["horovod"]}, poll_s=0.2).values()
+    assert error is None and result["controllers"] == {"MPI": False, "Gloo": True}, (result, error)
+    assert result["frameworks"] == {"PyTorch": True}
+    problems = diagnose(healthy(horovod=result, job=job)).problems
+    assert any(p.startswith("Horovod was built without MPI") for p in problems), problems
 
 
 def test_tasks_per_node_must_match_gpus_per_node():
@@ -140,6 +197,30 @@ def test_a_driver_older_than_the_builds_cuda_is_a_problem():
     [problem] = [p for p in diagnose(healthy(torch=torch)).problems if "driver" in p]
     assert "supports CUDA up to 11.8" in problem and "built for CUDA 12.4" in problem
     assert diagnose(healthy(torch=dict(torch, cuda_driver=12040, torch_cuda="12.6"))).usable
+
+
+CPU_TF = {"tensorflow": "2.15.1", "keras": "2.15.0", "build": "CPU-only", "gpus": 0}  # the lock's tensorflow-cpu
+
+
+def test_gpus_in_the_allocation_that_tensorflow_cannot_see_are_a_problem():
+    """The lock's tensorflow-cpu on a GPU job: it would train on the CPU (MWMS: over RING)."""
+    nvidia = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    for dist in ("mwms", "horovod", "none"):
+        d = diagnose(healthy(tensorflow=CPU_TF, gpu_env=nvidia, job=Job("tensorflow", dist)))
+        [problem] = [p for p in d.problems if "sees none" in p]
+        assert problem.startswith("the job has GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3) but this TensorFlow 2.15.1 "
+                                  "(CPU-only build) sees none, so it would train on the CPU"), problem
+        assert "tensorflow==2.15.1 (the GPU wheel" in problem
+    amd = diagnose(healthy(tensorflow=CPU_TF, gpu_env={"SLURM_GPUS_ON_NODE": "8", "ROCR_VISIBLE_DEVICES": "0"},
+                           job=Job("tensorflow", "mwms")))
+    assert any("ROCR_VISIBLE_DEVICES=0" in p and "ROCm build of TensorFlow" in p for p in amd.problems), amd
+    # a CPU job, or a TensorFlow that sees the GPUs: nothing to say
+    assert diagnose(healthy(tensorflow=CPU_TF, job=Job("tensorflow", "mwms"))).usable
+    gpu_tf = dict(CPU_TF, build="CUDA 12.2", gpus=4)
+    assert diagnose(healthy(tensorflow=gpu_tf, gpu_env=nvidia, job=Job("tensorflow", "mwms"))).usable
+    # the whole guide: TensorFlow is optional (chapter 8 only), so a warning
+    whole = diagnose(healthy(tensorflow=CPU_TF, gpu_env=nvidia))
+    assert whole.usable and any("this TensorFlow 2.15.1 (CPU-only build) sees none" in w for w in whole.warnings)
 
 
 def test_tensorflow_216_is_a_problem_only_where_horovod_is_used():
@@ -233,7 +314,7 @@ def test_the_quick_doctor_checks_the_job_not_the_frameworks(tmp_path):
     (tmp_path / "horovod" / "__init__.py").write_text("raise ImportError('libhorovod.so: undefined symbol')\n")
     env = {"PYTHONPATH": str(tmp_path), "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "g[1-2]", "SLURM_NTASKS": "4",
            "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_GPUS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "8"}
-    out = _doctor(env, ["--quick", "--framework", "pytorch", "--dist", "horovod"])
+    out = _doctor(env, ["--quick", "--framework", "pytorch", "--dist", "horovod", "--launch", "tasks"])
     assert out.returncode == 0, out.stdout + out.stderr
     for part in ("torch", "tensorflow", "horovod", "gpus"):
         assert re.search(rf"^{part} +not checked \(--quick\)$", out.stdout, re.M), out.stdout

@@ -6,13 +6,16 @@ the probe itself needs a GPU and says so on a CPU node."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from guide_utils.cluster.doctor.probes import expects_plugin, judge_network, network_problems, nccl_network
+from guide_utils.cluster.doctor import Job, diagnose, gather, render
+from guide_utils.cluster.doctor.network import (expects_plugin, judge_network, nccl_network, network_problems,
+                                                ofi_plugin, slingshot)
 
 SLINGSHOT = {"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "FI_CXI_DISABLE_HOST_REGISTER": "1"}
 
@@ -102,3 +105,64 @@ def test_recorded_runs_of_the_probe_are_judged():
     line, [problem] = judge_network(1, forced, {"NCCL_NET": "AWS Libfabric"})
     assert line == "network  NCCL 2.28.9 did not start"
     assert "NCCL WARN Failed to initialize any NET plugin" in problem and "NCCL_NET='AWS Libfabric'" in problem
+
+
+def _node(root: Path, *interfaces: str, cxi: tuple[str, ...] = ()) -> Path:
+    """A stand-in for a node's /sys: its network interfaces (as `ip link` lists them) and CXI devices."""
+    for name in interfaces:
+        (root / "sys/class/net" / name).mkdir(parents=True)
+    for name in cxi:
+        (root / "sys/class/cxi" / name).mkdir(parents=True)
+    return root
+
+
+def test_slingshot_is_recognised_by_the_node_not_by_the_profile(tmp_path):
+    """A Cray EX node (CXI devices, hsn interfaces) with no profile settings at all: TCP
+    sockets are a PROBLEM there; on an InfiniBand or Ethernet node they are not."""
+    cray = _node(tmp_path / "cray", "lo", "hsn0", "hsn1", "nmn0", cxi=("cxi0", "cxi1"))
+    hsn_only = _node(tmp_path / "hsn", "lo", "hsn0")
+    other = _node(tmp_path / "ib", "lo", "eth0", "ib0")
+    assert (slingshot(cray), slingshot(hsn_only), slingshot(other)) == ("CXI devices cxi0,cxi1", "interfaces hsn0",
+                                                                        None)
+    assert expects_plugin({}, slingshot(cray)) and not expects_plugin({}, slingshot(other))
+    for name in ("2.18 sockets", "2.21 sockets"):
+        [problem] = network_problems(nccl_network(LOGS[name]), {}, slingshot(cray))
+        assert problem.startswith("NCCL uses TCP sockets between nodes (it found no network plugin"), problem
+        assert "this node is on HPE Slingshot (CXI devices cxi0,cxi1)" in problem and "aws-ofi" in problem
+        assert network_problems(nccl_network(LOGS[name]), {}, slingshot(other)) == []
+    assert network_problems(nccl_network(LOGS["2.23 ofi"]), {}, slingshot(cray)) == []
+    line, [problem] = judge_network(0, LOGS["2.21 sockets"], {}, slingshot(hsn_only))
+    assert line == "network  NCCL 2.21.5: Socket (net plugin: none; HPE Slingshot: interfaces hsn0)"
+
+
+def test_the_plugin_is_looked_for_where_nccl_looks(tmp_path):
+    plugin = tmp_path / "opt/aws-ofi-nccl/lib/libnccl-net.so"
+    plugin.parent.mkdir(parents=True)
+    plugin.touch()
+    assert ofi_plugin({}, tmp_path) is None
+    assert ofi_plugin({"LD_LIBRARY_PATH": "/opt/cray/lib:/opt/aws-ofi-nccl/lib"}, tmp_path) == \
+        "/opt/aws-ofi-nccl/lib/libnccl-net.so"
+    assert ofi_plugin({"NCCL_NET_PLUGIN": "ofi"}, tmp_path) == "NCCL_NET_PLUGIN=ofi"
+    (tmp_path / "usr/lib64").mkdir(parents=True)
+    (tmp_path / "usr/lib64/librccl-net.so").touch()  # RCCL's, in a system folder
+    assert ofi_plugin({}, tmp_path) == "/usr/lib64/librccl-net.so"
+
+
+def test_the_doctor_says_when_a_slingshot_node_has_no_plugin(tmp_path):
+    """A GPU job on a Slingshot node (a Cray EX site without a profile's NCCL settings, or the
+    guide's image with nothing of the host bound in): one WARNING line before anything trains."""
+    node = _node(tmp_path, "hsn0", cxi=("cxi0",))
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    job = Job("pytorch", "ddp", quick=True)  # the node's facts only: no framework is imported
+    facts = gather(env, job=job, root=str(node))
+    [warning] = diagnose(facts).warnings
+    assert warning.startswith("this node is on HPE Slingshot (CXI devices cxi0) but NCCL would find no libfabric")
+    assert "GUIDE_APPTAINER_NET_LIBS" in warning
+    assert re.search(r"^network +HPE Slingshot \(CXI devices cxi0\); OFI plugin: none found$",
+                     render(facts, diagnose(facts)), re.M)
+    (node / "opt/ofi").mkdir(parents=True)
+    (node / "opt/ofi/libnccl-net.so").touch()
+    bound = gather({**env, "LD_LIBRARY_PATH": "/opt/ofi"}, job=job, root=str(node))
+    assert diagnose(bound).warnings == [] and bound.ofi_plugin == "/opt/ofi/libnccl-net.so"
+    assert diagnose(gather({}, job=job, root=str(node))).warnings == []  # a CPU job uses no NCCL
+    assert diagnose(gather(env, job=job, root=str(_node(tmp_path / "eth", "eth0")))).warnings == []

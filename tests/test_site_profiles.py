@@ -361,14 +361,28 @@ def _in_guide(site: str, script: str, **env: str) -> list[str]:
 @pytest.mark.parametrize("site, dist", [
     ("puhti-like", "ddp"), ("lumi-like", "ddp"), ("perlmutter-like", "ddp"),  # no Horovod in their modules
     ("apptainer-example", "ddp"), ("gpus-per-node-apptainer", "ddp"),  # the image's Horovod has no NCCL
-    ("thesis-taito", "horovod"), ("ci", "horovod"), ("byoc", "horovod"),
+    ("byoc", "ddp"),  # scripts/setup.sh's Horovod (the playbook's, as `make`'s) has no NCCL
+    ("thesis-taito", "horovod"), ("ci", "horovod"),
 ])
 def test_dist_defaults_to_what_the_site_has(site, dist):
-    """A script's Horovod default becomes DDP where the profile says the software has no
-    Horovod for its GPUs (GUIDE_HOROVOD=no): no job that queues, then dies at the doctor.
-    DIST given by the user, and a script's own DDP default, stay as they are."""
+    """A script's Horovod default becomes DDP unless the profile says the software has a
+    Horovod with NCCL for its GPUs (GUIDE_HOROVOD=yes): no job that queues, then dies at the
+    doctor. DIST given by the user, and a script's own DDP default, stay as they are."""
     script = 'guide_dist horovod; DIST=horovod guide_dist horovod; guide_dist ddp'
     assert _in_guide(site, script) == [dist, "horovod", "ddp"]
+
+
+def test_a_profile_copied_from_the_template_trains_with_ddp_unless_it_says_horovod_has_nccl(tmp_path):
+    """The TEMPLATE as a newcomer fills it in, pointing at the `make`-built venv (whose Horovod
+    has no NCCL): the scripts' Horovod default is DDP; GUIDE_HOROVOD=yes, or no line at all
+    (a profile from an older TEMPLATE), keeps to what the profile says."""
+    text = (SITES / "TEMPLATE.sh").read_text().replace('GUIDE_VENV=""', "GUIDE_VENV=/home/me/guide/.venv", 1)
+    for name, lines in (("copy", text), ("yes", text.replace("GUIDE_HOROVOD=no ", "GUIDE_HOROVOD=yes", 1)),
+                        ("unset", re.sub(r"^GUIDE_HOROVOD=.*$", "", text, flags=re.M))):
+        (tmp_path / f"{name}.sh").write_text(lines)
+    script = "guide_dist horovod"
+    assert [_in_guide(str(tmp_path / f"{n}.sh"), script) for n in ("copy", "yes", "unset")] == [
+        ["ddp"], ["horovod"], ["ddp"]]
 
 
 @pytest.mark.parametrize("site, output", [
@@ -398,3 +412,41 @@ def test_one_torchrun_per_node_keeps_the_sites_cpu_masks():
     assert not [o for o in shared if o.startswith("--cpu-bind")], shared
     puhti = _in_guide("puhti-like", job(8, 2))
     assert not [o for o in puhti if o.startswith("--cpu-bind")], puhti
+
+
+def test_the_profiles_pytorch_modules_have_what_the_examples_call():
+    """The examples of chapter 16 call torch.accelerator, which came with PyTorch 2.6: every
+    profile (and the TEMPLATE's example) that loads a versioned PyTorch module loads 2.6 or later."""
+    found = {}
+    for path in PROFILES:
+        for version in re.findall(r"\bpytorch/(\d+)\.(\d+)", path.read_text()):
+            found.setdefault(path.stem, []).append(tuple(map(int, version)))
+    assert {"lumi-like", "puhti-like", "TEMPLATE"} <= set(found), found
+    old = {site: versions for site, versions in found.items() if min(versions) < (2, 6)}
+    assert not old, f"PyTorch modules older than 2.6 (no torch.accelerator): {old}"
+
+
+def test_the_lumi_profile_keeps_miopens_cache_on_the_nodes_own_disk():
+    """MIOpen's find database and kernel cache default to $HOME, on Lustre at LUMI, where
+    MIOpen "has problems with file/record locking": the profile puts both in the node's /tmp,
+    one folder per job, and the image's variable passer takes them into a container."""
+    values = profile_values("lumi-like", "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR", "GUIDE_SCRATCH")
+    assert values["GUIDE_SCRATCH"] == ["/tmp"]
+    job = subprocess.run(["bash", "-c", 'set +u; source "$1"; echo "$MIOPEN_USER_DB_PATH $MIOPEN_CUSTOM_CACHE_DIR"',
+                          "x", str(SITES / "lumi-like.sh")], env=login_env(USER="me", SLURM_JOB_ID="42"),
+                         capture_output=True, text=True)
+    assert job.stdout.split() == ["/tmp/me-miopen-42", "/tmp/me-miopen-42"], job
+    assert "MIOPEN_*" in (EXAMPLES / "lib/apptainer_env.sh").read_text()
+
+
+@pytest.mark.parametrize("site, launch, noted", [("lumi-like", "shell", True), ("lumi-like", "tasks", False),
+                                                 ("puhti-like", "shell", False)])
+def test_a_launcher_in_the_batch_shell_says_the_sites_cpu_masks_do_not_reach_its_processes(site, launch, noted):
+    """02 and 09 start their processes from the batch shell (horovodrun, torchrun, papermill),
+    which Slurm does not bind per task: at a site whose profile binds srun's tasks by masks
+    (LUMI's, each GCD's own cores) the job says so in its log and names the scripts that bind."""
+    script = ("export SLURM_JOB_ID=5 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=1 SLURM_CPUS_PER_TASK=7; guide_load_site; "
+              f"GUIDE_EXEC=() GUIDE_DIST=ddp GUIDE_LAUNCH={launch}; guide_task_options")
+    notes = [line for line in _in_guide(site, script) if line.startswith("== note: the profile's CPU masks")]
+    assert len(notes) == noted, notes
+    assert not noted or "03 with --nodes=1 and LAUNCHER=srun-ddp" in notes[0]

@@ -184,14 +184,16 @@ JOBS: dict[str, Job] = {
     "test_each_task_gets_the_cpus_the_job_asked_for":
         Job("01_single_gpu_baseline.sbatch", train=("--epochs", "1", *SHORT),
             profile="GUIDE_TASKS_PER_NODE=1 GUIDE_CPUS_PER_TASK=2 GUIDE_SRUN_ARGS=(--cpu-bind=cores)\n"),
-    # Sites' GPU syntax on the test Slurm's fake GPUs (the training itself runs on the CPUs).
-    # Perlmutter's per-task GPUs without binding under srun (the training's own tasks), Puhti's
-    # per-node GRES under one torchrun per node.
+    # Sites' GPU syntax on the test Slurm's fake GPUs (the training itself runs on the CPUs):
+    # Puhti's per-node GRES under one torchrun per node. (Perlmutter's per-task GPUs under srun,
+    # one torchrun per node and horovodrun: the warned jobs of test_your_own_script.)
     "test_a_site_profile_runs_on_fake_gpus[puhti-like]":
         Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "torchrun"}, like="puhti-like", broken_horovod=True),
-    "test_a_site_profile_runs_on_fake_gpus[perlmutter-like]":
-        Job("03_multi_node_horovod.sbatch", env={"LAUNCHER": "srun-ddp"}, like="perlmutter-like",
-            broken_horovod=True),
+    # TensorFlow given GPUs it cannot use (the lock's tensorflow-cpu, on the fake GPUs): the doctor
+    # stops it, as it stops a PyTorch that sees none (test_probes_gpus).
+    "test_a_tensorflow_job_given_gpus_it_cannot_use_stops_at_the_doctor":
+        Job("08_tensorflow_native.sbatch", sbatch=("--nodes=1",), like="puhti-like", broken_horovod=True,
+            full_doctor=True),
     # The arrays run on one node, one worker per array task: what they add to 03 is the array,
     # one run per array task (several workers per job, the srun --mpi line, both nodes: 03's).
     # Two tasks of each array (the first and the last: --array on the command line overrides
@@ -633,6 +635,18 @@ def test_a_horovod_job_without_horovod_stops_at_the_doctor(jobs):
     assert "stack usable: NO (for --framework pytorch --dist horovod)" in log and "== staging" not in log
 
 
+def test_a_tensorflow_job_given_gpus_it_cannot_use_stops_at_the_doctor(jobs):
+    """08 (MultiWorkerMirroredStrategy) with two of the test Slurm's fake GPUs: its TensorFlow
+    sees none, and the job ends before staging, with no run record, in one PROBLEM line that
+    names the job's GPUs and what TensorFlow sees, instead of training on the CPU."""
+    log = jobs.wait_failed_at_start()
+    problems = [line for line in log.splitlines() if line.startswith("PROBLEM:")]
+    assert len(problems) == 1, log[-3000:]
+    assert re.match(r"PROBLEM: the job has GPUs \(CUDA_VISIBLE_DEVICES=\d,\d\) but this TensorFlow "
+                    r"2\.15\.1 \(CPU-only build\) sees none, so it would train on the CPU", problems[0]), problems
+    assert "stack usable: NO (for --framework tensorflow --dist mwms)" in log and "== staging" not in log
+
+
 def test_an_incomplete_site_profile_stops_before_anything_runs(jobs, tmp_path):
     """Through submit.sh: refused on the login node, nothing submitted. With plain sbatch
     (the job of JOBS, submitted with this profile): the job stops at its first line."""
@@ -775,11 +789,12 @@ def test_each_task_gets_the_cpus_the_job_asked_for(jobs):
     assert re.search(r"^guide-n[12] +1 task\(s\), 2 CPU\(s\) each \(asked 2\)", log, re.M), log[-3000:]
 
 
-@pytest.mark.parametrize("like", ["puhti-like", "perlmutter-like"])
+@pytest.mark.parametrize("like", ["puhti-like"])
 def test_a_site_profile_runs_on_fake_gpus(jobs, like):
-    """The site's GPU request (per node with --gres, per task with --gpus-per-task) and its
-    srun options, on the test Slurm's fake GPUs: the job's per-task check passes (each rank
-    its own GPU) and the training runs (on the CPUs: no GPU is real)."""
+    """The site's GPU request (per node with --gres; per task with --gpus-per-task in
+    test_your_own_script) and its srun options, on the test Slurm's fake GPUs: the job's
+    per-task check passes (each rank its own GPU) and the training runs (on the CPUs: no GPU
+    is real)."""
     jobs.wait_completed()
     (run,) = jobs.runs()
     _finished(run)
@@ -851,39 +866,58 @@ def test_staging_is_the_jobs_own_and_goes_when_it_is_cancelled(jobs):
 
 # -- The reader's own script (chapter 16) ------------------------------------------------------
 # 16_your_own_script.sbatch runs a command of the reader's instead of the guide's engine: the
-# Horovod example started by srun's MPI plugin, and the DDP example started by srun alone
-# (ranks and rendezvous from SLURM_*), warned once its first epoch is logged. Both keep their
-# checkpoint in the job's folder ({checkpoints}) and print every rank's weights digest.
+# Horovod example started by srun's MPI plugin; and, warned once their first epoch is logged,
+# the DDP example started by srun alone (ranks and rendezvous from SLURM_*) through LUMI's GPU
+# selector, a wrapper that execs it (select_gpu); by one torchrun per node through that
+# selector and a bash wrapper that runs it as its child (train.sh); and the Horovod example by
+# horovodrun on one node through the bash wrapper. The warned ones ask for their GPUs as
+# perlmutter-like.sh does (per task, the binding inherited from the job's environment), so one
+# torchrun per node must see both of its node's GPUs. All keep their checkpoint in the job's
+# folder ({checkpoints}) and print every rank's weights digest.
 YOUR_SCRIPT = ("--steps-per-epoch", "8", "--warmup-epochs", "1", "--milestones", "30", "--log-every", "4",
                "--checkpoint", "{checkpoints}/ckpt.pt")
+SELECT_GPU, TRAIN_SH = "tests/data/select_gpu", "tests/data/train.sh"
+# Long enough to be warned on a loaded machine (a step takes milliseconds): warned after "epoch
+# 1/", one stopped at step 30 (epoch 4) in a run with two more jobs beside the suite's, so 60
+# epochs leave a margin of about 15; it stops at the warning, and its resumed start ends the
+# remaining epochs in seconds (past the milestone at 30).
+WARNED_SCRIPT = ("--epochs", "60", *YOUR_SCRIPT)
 JOBS["test_your_own_script[horovod]"] = Job(
     "16_your_own_script.sbatch", env={"LAUNCHER": "srun", "DIST": "horovod"},
     train=("python", "examples/your_script/train_horovod.py", "--epochs", "2", *YOUR_SCRIPT))
-JOBS["test_your_own_script[ddp]"] = Job(
-    "16_your_own_script.sbatch", env={"LAUNCHER": "srun", "DIST": "ddp"}, broken_horovod=True,
-    # Long enough to be warned on a loaded machine (a step takes milliseconds): warned after
-    # "epoch 1/", it stopped at step 30 (epoch 4) in a run with two more jobs beside the
-    # suite's, so 60 epochs leave a margin of about 15; it stops at the warning, and its
-    # resumed start ends the remaining epochs in seconds (past the milestone at 30).
-    train=("python", "examples/your_script/train_ddp.py", "--epochs", "60", *YOUR_SCRIPT),
+JOBS["test_your_own_script[srun]"] = Job(
+    "16_your_own_script.sbatch", env={"LAUNCHER": "srun", "DIST": "ddp"}, broken_horovod=True, like="perlmutter-like",
+    train=(SELECT_GPU, "python", "examples/your_script/train_ddp.py", *WARNED_SCRIPT),
     usr1_after_epoch=True, first_epoch=r"^epoch 1/")
+JOBS["test_your_own_script[torchrun]"] = Job(
+    "16_your_own_script.sbatch", env={"LAUNCHER": "torchrun"}, broken_horovod=True, like="perlmutter-like",
+    train=(SELECT_GPU, "bash", TRAIN_SH, "python", "examples/your_script/train_ddp.py", *WARNED_SCRIPT),
+    usr1_after_epoch=True, first_epoch=r"^epoch 1/")
+JOBS["test_your_own_script[horovodrun]"] = Job(
+    "16_your_own_script.sbatch", sbatch=("--nodes=1",), env={"LAUNCHER": "horovodrun"}, like="perlmutter-like",
+    train=("bash", TRAIN_SH, "python", "examples/your_script/train_horovod.py", *WARNED_SCRIPT),
+    usr1_after_epoch=True, first_epoch=r"^\[0\]<stdout>:epoch 1/")  # horovodrun's prefix
 
 
-@pytest.mark.parametrize("dist", ["horovod", "ddp"])
-def test_your_own_script(jobs, dist):
-    """The reader's command ran on both nodes (four ranks, the same weights at the end, the
-    schedule of the linear rule and gradual warmup); the warned DDP job stopped, requeued
-    itself and resumed from its checkpoint to the last epoch."""
+@pytest.mark.parametrize("launcher", ["horovod", "srun", "torchrun", "horovodrun"])
+def test_your_own_script(jobs, launcher):
+    """The reader's command ran on every rank (four on two nodes, two for horovodrun's one; the
+    same weights at the end, the schedule of the linear rule and gradual warmup); a warned job
+    passed the warning through its wrappers to the training processes alone (neither a wrapper
+    nor a launcher died of it), which checkpointed, and the job requeued itself and resumed from
+    that checkpoint to the last epoch. Where the GPUs are asked per task, each node's ranks got
+    a GPU each, their own, from one torchrun per node too."""
     from guide_utils.results import your_script
 
     records = jobs.wait_completed()
     log = jobs.log()
+    workers = 2 if launcher == "horovodrun" else 4
     epochs = int(jobs.job.train[jobs.job.train.index("--epochs") + 1])
     assert f"epoch {epochs}/{epochs}" in log, log[-3000:]
     digests = your_script.printed_digests(log)
-    assert sorted(digests) == [0, 1, 2, 3] and len(set(digests.values())) == 1, log[-3000:]
+    assert sorted(digests) == list(range(workers)) and len(set(digests.values())) == 1, log[-3000:]
     lrs = your_script.printed_lrs(log)
-    assert lrs and all(lr == pytest.approx(your_script.expected_lr(step, lr=0.05, workers=4, steps_per_epoch=8,
+    assert lrs and all(lr == pytest.approx(your_script.expected_lr(step, lr=0.05, workers=workers, steps_per_epoch=8,
                                                                     warmup_epochs=1, milestones=(30,)), rel=1e-8)
                        for step, lr in lrs.items()), lrs
     assert "== note: the command does not mention {checkpoints}" not in log and "[train]" not in log
@@ -892,4 +926,12 @@ def test_your_own_script(jobs, dist):
         assert all(int(r["Restarts"]) >= 1 for r in records), f"the job was never requeued\n{log[-3000:]}"
         assert "== USR1: time limit near" in log and "requeueing job" in log and "== restart 1 (requeued)" in log, \
             log[-3000:]
-        assert re.search(r"^resuming from \S+/ckpt\.pt at step [1-9]\d*$", log, re.M), log[-3000:]
+        assert re.search(r"^(\[\d+\]<stdout>:)?resuming from \S+/ckpt\.pt at step [1-9]\d*$", log, re.M), log[-3000:]
+        ended = re.findall(r"^== launch ended with status (\d+) after the warning$", log, re.M)
+        assert ended and "138" not in ended, log[-3000:]  # 128 + USR1: a wrapper or launcher died of it
+    if jobs.job.like:
+        reports = re.findall(r"^guide-n[12] +2 task\(s\).*; GPU by rank: (.+)$", log, re.M)
+        assert reports and len(reports) % (workers // 2) == 0, log[-3000:]  # each node's, at each start
+        for report in reports:
+            gpus = [pair.split(":")[1] for pair in report.split()]
+            assert len(set(gpus)) == 2 and "-" not in gpus and "?" not in gpus, report

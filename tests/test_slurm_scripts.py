@@ -3,6 +3,7 @@ between sites by the site profile alone (what submit.sh would submit, without a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -111,6 +112,29 @@ def test_chain_refuses_what_it_sets_itself():
     out = subprocess.run([str(EXAMPLES / "chain.sh"), "3", "10", str(EXAMPLES / "01_single_gpu_baseline.sbatch"),
                           "--", "--epochs", "90"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "do not pass --epochs" in out.stderr
+
+
+def test_a_command_the_warning_cannot_reach_is_refused_or_warned_about_before_it_queues(tmp_path):
+    """16 with your own command, through submit.sh: a launcher inside the command (the warning
+    would reach it, not the training) is refused in one line and nothing is submitted; a script
+    that execs a program its command line does not name gets one line of warning and is submitted;
+    a wrapper that execs the program the command names (LUMI's select_gpu) gets neither."""
+    script = "16_your_own_script.sbatch"
+    out = _submit("ci", "--dry-run", str(EXAMPLES / script), "--", "torchrun", "--standalone", "train.py")
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: the command starts torchrun itself: give the training command alone"), line
+    (tmp_path / "train.sh").write_text('#!/bin/bash\nmodule load x\nexec python train.py "$@"\n')
+    out = _submit("ci", "--dry-run", str(EXAMPLES / script), "--", "bash", str(tmp_path / "train.sh"), "--epochs", "3")
+    assert out.returncode == 0 and out.stdout.startswith("sbatch "), out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    wrapper = tmp_path / "train.sh"
+    assert line.startswith(f"warning: {wrapper} execs another program (line 3: exec python train.py"), line
+    select = tmp_path / "select_gpu"
+    select.write_text('#!/bin/bash\nexport ROCR_VISIBLE_DEVICES=$SLURM_LOCALID\nexec "$@"\n')
+    select.chmod(0o755)
+    out = _submit("ci", "--dry-run", str(EXAMPLES / script), "--", str(select), "python", "train.py")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
 def test_the_site_must_be_named():
@@ -278,7 +302,8 @@ def test_container_paths_with_spaces_stay_one_argument(tmp_path):
     out, calls = _source_guide(tmp_path, profile, f"guide_setup pytorch ddp\n{launch}")
     assert out.returncode == 0, out.stderr
     head = ["exec", "--nv", "-B", str(bind), str(container), "python", "-m"]
-    assert calls[0] == [*head, "guide_utils", "doctor", "--framework", "pytorch", "--dist", "ddp", "--profile", "smoke"]
+    assert calls[0] == [*head, "guide_utils", "doctor", "--framework", "pytorch", "--dist", "ddp", "--launch", "tasks",
+                        "--profile", "smoke"]
     assert calls[1][:len(head) + 3] == [*head, "guide_utils.train", "--profile", "smoke"]
     assert len(calls) == 2
 
@@ -320,8 +345,8 @@ def test_guide_doctor_quick_reaches_the_doctor_and_a_typo_is_one_line(tmp_path, 
     else:
         assert out.returncode == 0, out.stderr
         (call,) = calls
-        assert call[call.index("doctor"):] == ["doctor", "--framework", "pytorch", "--dist", "ddp", "--profile", "smoke",
-                                               "--quick"], call
+        assert call[call.index("doctor"):] == ["doctor", "--framework", "pytorch", "--dist", "ddp", "--launch", "tasks",
+                                               "--profile", "smoke", "--quick"], call
 
 
 GPU_PROFILE = APPTAINER_PROFILE.replace('GUIDE_CPUS_PER_TASK=1 GUIDE_GPU_REQUEST=""',
@@ -461,6 +486,68 @@ def test_the_warning_scan_ends_when_a_process_goes_while_it_is_read(tmp_path):
     finally:
         gone.kill()
         gone.wait()
+
+
+def _wait_for(path: Path, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.exists()
+
+
+def test_the_warning_scan_looks_through_wrappers_and_spares_the_batch_shell_the_holder_and_itself(tmp_path):
+    """What `bash train.sh` used to become, a pattern that matches every bash of the job: a
+    batch shell warned (USR1, as Slurm sends it) passes the warning on without being signalled
+    again itself (it would re-enter its trap), and neither the scratch holder (it would die)
+    nor the scan (it would kill itself) is signalled; the wrapper is looked through to the
+    Python program it runs as its child, which alone gets the warning. A wrapper that execs
+    (`./select_gpu python execd.py`, LUMI's) is matched by the program it became."""
+    fake, execd = tmp_path / "fake.py", tmp_path / "execd.py"
+    fake.write_text(FAKE_ENGINE)
+    execd.write_text(FAKE_ENGINE)
+    (tmp_path / "train.sh").write_text(f'"{sys.executable}" -S "{fake}" "$1"\n')
+    select = tmp_path / "select_gpu"
+    select.write_text('#!/bin/bash\nexport ROCR_VISIBLE_DEVICES=0\nexec "$@"\n')
+    select.chmod(0o755)
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    (tmp_path / "batch.sh").write_text(
+        f'source "{EXAMPLES}/lib/guide.sh"\n{_srun_here(empty)}\n'
+        f'trap \'echo USR1 >>"{tmp_path}/batch"; ((++n > 1)) || guide_signal_training USR1 >"{tmp_path}/scan"\' USR1\n'
+        'echo ready\nwhile :; do sleep 0.1; done\n')
+    job = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_"))}, "SLURM_JOB_ID": "77",
+           "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": "node7", "GUIDE_ROOT": str(REPO)}
+    bash = shutil.which("bash")
+    procs = {}
+
+    def start(name: str, argv: list[str], **env: str) -> None:
+        procs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**job, **env},
+                                       start_new_session=True)
+
+    try:
+        start("batch", [bash, str(tmp_path / "batch.sh")], GUIDE_SIGNAL_MATCH="^([^ ]*/)?bash( |$)")
+        start("holder", [bash, str(EXAMPLES / "lib/stage_node.sh"), "hold", str(tmp_path / "guide-77")],
+              GUIDE_SCRATCH_HOLDER="77")
+        start("wrapper", [bash, str(tmp_path / "train.sh"), str(tmp_path / "child")])
+        start("exec", [str(select), sys.executable, "-S", str(execd), str(tmp_path / "execd")])
+        for name in ("batch", "wrapper", "exec"):
+            assert procs[name].stdout.readline() == "ready\n", name
+        procs["batch"].send_signal(signal.SIGUSR1)
+        assert _wait_for(tmp_path / "scan") and _wait_for(tmp_path / "child")
+        time.sleep(1)  # time for a wrong signal to land too
+        assert (tmp_path / "scan").read_text() == "== node7: USR1 sent to 1 training process(es)\n"
+        assert (tmp_path / "batch").read_text() == "USR1\n"  # Slurm's, and no second one
+        assert procs["holder"].poll() is None and procs["wrapper"].poll() is None
+        assert not (tmp_path / "execd").exists()  # another command's program
+        match, _ = _source_guide_plain(f"guide_command_match {shlex.join([str(select), 'python', str(execd), 'x'])}")
+        out, _ = _source_guide_plain(f"{_srun_here(empty)}\nguide_signal_training USR1", SLURM_JOB_ID="77",
+                                     SLURM_JOB_NUM_NODES="1", SLURMD_NODENAME="node7", GUIDE_SIGNAL_MATCH=match.strip())
+        assert out == "== node7: USR1 sent to 1 training process(es)\n" and _wait_for(tmp_path / "execd")
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_image():
@@ -609,3 +696,113 @@ def test_a_launcher_per_node_asks_for_the_nodes_gpus_in_the_sites_gres(request_,
            'guide_task_options; printf "%s\\n" "${GUIDE_SRUN_NODES[@]}"')
     out, _ = _source_guide_plain(job, PATH=f"/nonexistent:{os.environ['PATH']}")
     assert f"--gres={gres}" in out.split() and "--cpus-per-task=16" in out.split(), out
+
+
+# -- One launcher per node where the GPUs are asked per task (torchrun under --gpus-per-task) ----
+# What a job asked with --gpus-per-task hands its steps, and what srun makes of it, as Slurm's
+# source reads at the tags slurm-22-05-8-1 and slurm-23-11-0-1 (the test Slurm is 22.05; the
+# 23.11 rows are emulated here): sbatch exports SLURM_GPUS_PER_TASK (22.05, 23.02) or
+# SLURM_TRES_PER_TASK and SLURM_TRES_BIND (23.11 on, src/common/env.c); srun reads them as its
+# own options, and with no binding named binds each task to its GPUs: "gpu:per_task:N" at 22.05
+# (src/srun/libsrun/launch.c), "gres/gpu:per_task:N" from 23.11 (_implicitly_bind_tres_per_task);
+# --gpu-bind on the command line replaces the inherited binding (arg_set_gpu_bind).
+JOB_ENV = {
+    "22.05": {"SLURM_GPUS_PER_TASK": "1"},
+    "23.11": {"SLURM_TRES_PER_TASK": "cpu:32,gres/gpu:1", "SLURM_TRES_BIND": "gres/gpu:per_task:1"},
+    "24.05": {"SLURM_TRES_PER_TASK": "cpu=32,gres/gpu=1", "SLURM_TRES_BIND": "gres/gpu:per_task:1"},
+}
+
+
+def srun_gpu_binding(argv: list[str], env: dict[str, str], version: str) -> str:
+    """The GPU binding srun gives a step, from its options and the environment (a stand-in)."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("--gpu-bind=")]
+    if version == "22.05":
+        per_task = env.get("SLURM_GPUS_PER_TASK", "")
+        bind = f"gpu:{given[-1]}" if given else (f"gpu:{env['SLURM_GPU_BIND']}" if "SLURM_GPU_BIND" in env else "")
+        return bind or (f"gpu:per_task:{per_task.split(':')[-1]}" if per_task else "")
+    bind = f"gres/gpu:{given[-1]}" if given else env.get("SLURM_TRES_BIND", "")
+    per_task = re.search(r"gres[/:]gpu(?::[\w.-]+)?[:=](\d+)", env.get("SLURM_TRES_PER_TASK", ""))
+    return bind if "gpu" in bind or not per_task else f"gres/gpu:per_task:{per_task.group(1)}"
+
+
+def _node_step(request: str, **job: str) -> list[str]:
+    script = ("export SLURM_JOB_ID=5 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=2 SLURM_CPUS_PER_TASK=32; GUIDE_SITE_FILE=x "
+              f"GUIDE_GPU_REQUEST='{request}' GUIDE_EXEC=() GUIDE_DIST=ddp GUIDE_LAUNCH=node GUIDE_SRUN_MPI=pmix; "
+              'guide_task_options; printf "%s\\n" "${GUIDE_SRUN_NODES[@]}"')
+    out, _ = _source_guide_plain(script, PATH=f"/nonexistent:{os.environ['PATH']}", **job)
+    return out.split()
+
+
+@pytest.mark.parametrize("version", sorted(JOB_ENV))
+def test_one_launcher_per_node_sees_every_gpu_of_its_node_where_gpus_are_asked_per_task(version):
+    """The job's per-task request reaches torchrun's step from the environment, as sbatch
+    exported it, with an implicit binding of each task to one GPU: the step asks for the node's
+    four GPUs and names --gpu-bind=none, which replaces that binding in every version; without
+    it the step would inherit per_task:1. A job that asks per node gets no binding either way."""
+    env = JOB_ENV[version]
+    step = _node_step("--gpus-per-task=1", **env)
+    assert "--gres=gpu:4" in step and "--gpu-bind=none" in step, step
+    assert srun_gpu_binding(step, env, version).endswith(":none")
+    bare = [a for a in step if a != "--gpu-bind=none"]
+    assert srun_gpu_binding(bare, env, version).endswith("gpu:per_task:1")
+    # A plain sbatch --gpus-per-task=2 at a site whose profile asks per node: the job's count decides.
+    two = {k: v.replace("1", "2") for k, v in env.items()}
+    step = _node_step("--gpus-per-node=%d", **two)
+    assert "--gres=gpu:8" in step and srun_gpu_binding(step, two, version).endswith(":none"), step
+    step = _node_step("--gpus-per-node=%d")
+    assert "--gres=gpu:4" in step and "--gpu-bind=none" not in step and srun_gpu_binding(step, {}, version) == ""
+
+
+@pytest.mark.parametrize("node, job, threads", [
+    ("CPUTot=128 Sockets=1 Boards=1 CoresPerSocket=64 ThreadsPerCore=2", "", "16"),  # Perlmutter: threads are CPUs
+    ("CPUTot=64 Sockets=1 Boards=1 CoresPerSocket=64 ThreadsPerCore=2", "", "32"),  # cores are CPUs
+    ("CPUTot=128 Sockets=1 Boards=1 CoresPerSocket=64 ThreadsPerCore=2", "SLURM_THREADS_PER_CORE=1", "32"),
+    ("CPUTot=40 Sockets=2 Boards=1 CoresPerSocket=20 ThreadsPerCore=1", "", "32"),  # no SMT
+    (None, "", "32"),  # scontrol cannot say
+])
+def test_omp_threads_are_the_tasks_physical_cores(tmp_path, node, job, threads):
+    """OMP_NUM_THREADS (PyTorch's intra-op threads too) is one per physical core of a task of
+    32 Slurm CPUs: half that where Slurm counts each core's two hardware threads as CPUs, all of
+    them where it counts cores or the job asked one thread per core; a profile's own value wins."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "NodeName=$4 Arch=x86_64 {node}"\n' if node else
+                                      "#!/bin/sh\nexit 1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    script = (f"export SLURM_JOB_ID=5 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=2 SLURM_CPUS_PER_TASK=32 {job}; "
+              "GUIDE_SITE_FILE=x GUIDE_GPU_REQUEST= GUIDE_EXEC=() GUIDE_DIST=ddp GUIDE_LAUNCH=tasks "
+              'GUIDE_SRUN_MPI=pmix; guide_task_options; echo "$OMP_NUM_THREADS"; unset OMP_NUM_THREADS; '
+              'OMP_NUM_THREADS=5 guide_task_options; echo "$OMP_NUM_THREADS"')
+    out, _ = _source_guide_plain(script, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURMD_NODENAME="nid001")
+    assert out.split() == [threads, "5"]
+
+
+def test_the_submit_sh_mark_does_not_reach_a_plain_sbatch_from_inside_the_job(tmp_path):
+    """GUIDE_SUBMITTED says that this job's options came from the profile. Once the job has
+    read it, it is gone from the job's environment: a plain `sbatch` run from inside (a
+    notebook's cell, your command in 16) gets checked like any other."""
+    container = tmp_path / "guide.sif"
+    container.write_text("")
+    start = ("export SLURM_JOB_ID=5 SLURM_JOB_NAME=01_single_gpu_baseline GUIDE_SUBMITTED=submit.sh\n"
+             'guide_load_site; guide_check_request; echo "trusted, mark: ${GUIDE_SUBMITTED:-none}"\n'
+             'env | grep -c "^GUIDE_SUBMITTED=" || true\nguide_check_request')
+    out, _ = _source_guide(tmp_path, GPU_PROFILE.format(container=container, flags="()"), start)
+    assert out.stdout.splitlines() == ["trusted, mark: none", "0"], out
+    # A second look (what a job started by that inner sbatch does) finds no mark: checked, and stopped.
+    assert out.returncode == 2 and "plain sbatch applies none of the site profile" in out.stderr, out
+
+
+def test_a_variable_the_job_does_not_set_in_a_profile_is_one_line():
+    """The Apptainer profiles name $LOCAL_SCRATCH, a placeholder for the centre's node-local
+    disk: in a job without it the profile stops the job with one line naming the variable and
+    the line, not with bash's "unbound variable" and status 1."""
+    site = EXAMPLES / "sites" / "apptainer-example.sh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_")) and k != "LOCAL_SCRATCH"}
+    out = subprocess.run(["bash", "-c", f'source "{EXAMPLES}/lib/guide.sh"\nset -euo pipefail\nguide_load_site'],
+                         env={**env, "GUIDE_ROOT": str(REPO), "GUIDE_SITE": str(site), "SLURM_JOB_ID": "5"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == "", out
+    (line,) = out.stderr.strip().splitlines()
+    number = next(i for i, text in enumerate(site.read_text().splitlines(), 1) if "$LOCAL_SCRATCH" in text)
+    assert line == (f"error: site profile {site} line {number} uses $LOCAL_SCRATCH, which this job does not set; "
+                    "name your centre's variable for it, or write ${LOCAL_SCRATCH:-} where it may be unset"), line

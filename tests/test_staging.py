@@ -49,7 +49,9 @@ def node(tmp_path):
     bin_dir = tmp_path / "bin"
     # FAKE_HOLD_LATE: the holder step has not started (a busy node) when the batch shell is done:
     # the shell's USR2 ends the srun that was still waiting.
+    # (the holder's mark, by which the time-limit warning's scan leaves it alone, goes to a file)
     _fake(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done\n'
+          '[[ $3 != hold ]] || echo "${GUIDE_SCRATCH_HOLDER:-unmarked}" >"$TMPDIR/holder-mark"\n'
           '[[ $3 != hold || -z ${FAKE_HOLD_LATE:-} ]] || while :; do sleep 0.05; done\nexec "$@"')
     real_df = subprocess.run(["bash", "-c", "command -v df"], capture_output=True, text=True).stdout.strip()
     _fake(bin_dir, "df", f"""\
@@ -86,10 +88,11 @@ def _one_error(out: subprocess.CompletedProcess) -> str:
     return line.removeprefix("error: staging on node node1: ")
 
 
-def test_the_copy_is_this_jobs_own_folder_and_goes_with_the_job(node):
+def test_the_copy_is_this_jobs_own_folder_and_goes_with_the_job(node, tmp_path):
     """A folder someone left where a shared scratch would hold the dataset is not taken
     for this job's copy; the copy is guide-<job id>/NAME, data only this user reads, and it
-    is gone once the batch shell has exited."""
+    is gone once the batch shell has exited. The holder's step carries the job's mark, by which
+    lib/signal_node.sh never sends it the time-limit warning (it would die of it)."""
     (node.scratch / "toy" / "train").mkdir(parents=True)  # another job's, or half of one
     out = node('ls "${GUIDE_DATA_ARGS[1]}"; stat -c %a "$(dirname "${GUIDE_DATA_ARGS[1]}")"')
     assert out.returncode == 0, out.stderr
@@ -101,6 +104,7 @@ def test_the_copy_is_this_jobs_own_folder_and_goes_with_the_job(node):
         f"{node.scratch}", "train", "val", "700",
         f"== node node1: removing the job's staged copy {folder} (the batch script is done with it)"]
     assert sorted(p.name for p in node.scratch.iterdir()) == ["toy"]  # ours removed, the other left alone
+    assert (tmp_path / "holder-mark").read_text() == f"{JOB}\n"
 
 
 def test_an_empty_scratch_means_tmpdir(node, tmp_path):

@@ -50,6 +50,30 @@ def test_the_pinned_versions_pass_the_guard():
     check_versions(tf.__version__, keras.__version__)
 
 
+def test_the_door_refuses_to_train_on_the_cpu_when_the_job_has_gpus(tmp_path, monkeypatch, capsys):
+    """GPUs in the allocation that this TensorFlow (the lock's tensorflow-cpu) does not see: one
+    line naming both, exit 2, and no run record; no silent CPU run under the RING collective."""
+    import tensorflow as tf
+
+    from guide_utils import train_tf
+    from guide_utils.tensorflow.runtime import check_gpus
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this TensorFlow sees a GPU: the refusal needs one that sees none (the lock's tensorflow-cpu)")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what Slurm's GRES plugin sets in a GPU step
+    for dist in ("mwms", "none"):
+        assert train_tf.main(["--profile", "smoke", "--dist", dist, "--results-dir", str(tmp_path / "r")]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"{train_tf.PROG}: error: the job has GPUs (CUDA_VISIBLE_DEVICES=0,1) but this "
+                               f"TensorFlow {tf.__version__} (CPU-only build) sees none; refusing to train on the CPU")
+        assert not (tmp_path / "r").exists()
+    with pytest.raises(GuideError, match=r"ROCR_VISIBLE_DEVICES=0,1\) .* install a ROCm build of TensorFlow"):
+        check_gpus({"ROCR_VISIBLE_DEVICES": "0,1"}, 0, "2.15.1", "CUDA 12.2")
+    check_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, 2, "2.15.1", "CUDA 12.2")  # it sees them: trains
+    check_gpus({"CUDA_VISIBLE_DEVICES": "", "SLURM_GPUS_ON_NODE": "0"}, 0, "2.15.1", "CPU-only")  # a CPU job
+
+
 @pytest.mark.slow
 def test_learning_rate_of_every_batch_follows_lr_at(tmp_path):
     """Gradual warmup over 1 epoch, drops at epochs 2 and 3: the optimizer's rate at each

@@ -120,13 +120,19 @@ def _bash(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     ((), {}, "error: no training command given; put it after the script, e.g. sbatch "
              "slurm_examples/16_your_own_script.sbatch -- python examples/your_script/train_ddp.py"),
     (("--",), {}, "error: no training command given"),
-    (("--", "python", "x.py"), {"LAUNCHER": "pdsh"}, "error: LAUNCHER=pdsh: choose srun, torchrun or mpirun"),
+    (("--", "python", "x.py"), {"LAUNCHER": "pdsh"},
+     "error: LAUNCHER=pdsh: choose srun, torchrun, mpirun or horovodrun"),
     (("python", "x.py"), {"LAUNCHER": "torchrun", "DIST": "horovod"},
      "error: LAUNCHER=torchrun starts PyTorch DDP processes only"),
     (("python", "x.py"), {"FRAMEWORK": "jax"}, "error: FRAMEWORK=jax: choose pytorch or tensorflow"),
     (("python", "-W", "ignore", "x.py"), {"LAUNCHER": "torchrun", "DIST": "ddp"},
      "error: LAUNCHER=torchrun starts python itself (with -u) and cannot pass it '-W'"),
-], ids=["nothing", "only --", "unknown launcher", "torchrun horovod", "unknown framework", "torchrun python flag"])
+    (("torchrun", "--nproc-per-node=4", "x.py"), {}, "error: the command starts torchrun itself: give the training "
+                                                      "command alone"),
+    (("bash", "-c", "python x.py"), {},
+     "error: 'bash -c CODE': the time-limit warning finds your program by its script"),
+], ids=["nothing", "only --", "unknown launcher", "torchrun horovod", "unknown framework", "torchrun python flag",
+        "a launcher in the command", "code as a string"])
 def test_bad_input_to_the_batch_script_is_one_line(args, env, message):
     proc = _bash(str(SBATCH), *args, **env)
     assert proc.returncode == 2 and proc.stdout == "", proc
@@ -135,8 +141,11 @@ def test_bad_input_to_the_batch_script_is_one_line(args, env, message):
 
 
 def test_the_warning_reaches_the_readers_program_and_not_its_launcher():
-    """guide_command_match: the processes that run the command's script or module, as srun,
-    mpirun or torchrun start them; not torchrun or mpirun themselves (torchrun dies of a USR1)."""
+    """guide_command_match: the processes that run the command's program as srun, torchrun,
+    horovodrun and mpirun start them, for a plain `python SCRIPT`, a shell wrapper (`bash
+    train.sh`: the shell, which lib/signal_node.sh looks through to the program it runs) and a
+    wrapper that execs (`./select_gpu python train.py`: the Python it becomes); never the
+    launchers, the batch shell, the scratch holder or the scan (torchrun dies of a USR1)."""
     def match(*command: str) -> str:
         proc = subprocess.run(["bash", "-c", 'source "$0"; guide_command_match "$@"',
                                str(REPO / "slurm_examples/lib/guide.sh"), *command],
@@ -147,16 +156,37 @@ def test_the_warning_reaches_the_readers_program_and_not_its_launcher():
     script = match("python", "examples/your_script/train_ddp.py", "--epochs", "3")
     module = match("python", "-m", "my.train", "--epochs", "3")
     program = match("./bin/train+gpu", "-x")
+    wrapper = match("bash", "train.sh", "--epochs", "3")
+    execs = match("./select_gpu", "python", "train.py", "--epochs", "3")
+    hrun = "/bin/sh -c cd /w > /dev/null 2>&1 ; HOROVOD_RANK=0 "  # horovodrun's shell around each worker
     cmdlines = {  # as /proc/PID/cmdline reads, arguments joined by spaces
         "/v/bin/python -u examples/your_script/train_ddp.py --epochs 3 ": (script, True),  # torchrun's worker
-        "python examples/your_script/train_ddp.py --epochs 3 ": (script, True),  # srun's task
+        "python examples/your_script/train_ddp.py --epochs 3 ": (script, True),  # srun's task, horovodrun's worker
         "/v/bin/python /v/bin/torchrun --nnodes=2 examples/your_script/train_ddp.py --epochs 3 ": (script, False),
+        "/v/bin/python /v/bin/horovodrun --gloo -np 2 python examples/your_script/train_ddp.py ": (script, False),
+        f"{hrun}python examples/your_script/train_ddp.py --epochs 3 ": (script, False),
         "mpirun -np 4 python examples/your_script/train_ddp.py ": (script, False),
         "python examples/your_script/train_ddp.pyc ": (script, False),
         "/usr/bin/python3.11 -u -m my.train --epochs 3 ": (module, True),
         "python -m my_train ": (module, False),
         "/opt/x/bin/train+gpu -x ": (program, True),
+        "/usr/bin/python3 ./bin/train+gpu -x ": (program, True),  # a script run by its #! line
         "srun ./bin/train+gpu -x ": (program, False),
+        # bash train.sh: srun's task, torchrun's worker (--no-python) and horovodrun's are the same
+        "bash train.sh --epochs 3 ": (wrapper, True),
+        "/usr/bin/bash ./train.sh --epochs 3 ": (wrapper, True),
+        f"{hrun}bash train.sh --epochs 3 ": (wrapper, False),
+        "/v/bin/python /v/bin/torchrun --nnodes=2 --no-python bash train.sh --epochs 3 ": (wrapper, False),
+        "/bin/bash /var/spool/slurmd/job00077/slurm_script bash train.sh --epochs 3 ": (wrapper, False),  # batch shell
+        "bash /r/slurm_examples/lib/stage_node.sh hold /tmp/guide-77 ": (wrapper, False),  # the scratch holder
+        "bash /r/slurm_examples/lib/signal_node.sh USR1 77 ^x guide-n1:9 ": (wrapper, False),  # the scan
+        "python train.py --epochs 3 ": (wrapper, False),  # what train.sh runs: found as its child instead
+        # ./select_gpu python train.py, once the wrapper has exec'd (under any launcher), and before
+        "python train.py --epochs 3": (execs, True),
+        "/v/bin/python3 -u train.py --epochs 3 ": (execs, True),
+        "/bin/bash ./select_gpu python train.py --epochs 3 ": (execs, False),
+        f"{hrun}./select_gpu python train.py --epochs 3 ": (execs, False),
+        "/v/bin/python /v/bin/torchrun --no-python ./select_gpu python train.py ": (execs, False),
     }
     for line, (pattern, expected) in cmdlines.items():
         assert bool(re.search(pattern, line)) == expected, (pattern, line)

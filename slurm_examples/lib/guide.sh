@@ -61,8 +61,8 @@ guide_check_site() {
         guide_die "GUIDE_TRAIN_PROFILE='$GUIDE_TRAIN_PROFILE' in $file must be smoke or full"
     [[ ${GUIDE_DOCTOR:-full} == full || $GUIDE_DOCTOR == quick ]] ||
         guide_die "GUIDE_DOCTOR='$GUIDE_DOCTOR' in $file must be full or quick (or unset: full)"
-    [[ ${GUIDE_HOROVOD:-yes} == yes || $GUIDE_HOROVOD == no ]] ||
-        guide_die "GUIDE_HOROVOD='$GUIDE_HOROVOD' in $file must be yes or no (or unset: yes)"
+    [[ ${GUIDE_HOROVOD:-no} == no || $GUIDE_HOROVOD == yes ]] ||
+        guide_die "GUIDE_HOROVOD='$GUIDE_HOROVOD' in $file must be yes or no (or unset: no)"
     case $GUIDE_SOFTWARE in
         venv) [[ -n ${GUIDE_VENV:-} ]] || guide_die "GUIDE_SOFTWARE=venv in $file needs GUIDE_VENV (the virtual environment)" ;;
         modules) [[ -n ${GUIDE_MODULES:-} ]] || guide_die "GUIDE_SOFTWARE=modules in $file needs GUIDE_MODULES (what to module load)" ;;
@@ -72,7 +72,7 @@ guide_check_site() {
     [[ -z $GUIDE_DATASET_ARCHIVE || -n ${GUIDE_DATASET_NAME:-} ]] ||
         guide_die "GUIDE_DATASET_ARCHIVE is set in $file but GUIDE_DATASET_NAME (the folder inside the archive) is not"
     # Lists of arguments are arrays, so that a value with a space (a path) stays one argument.
-    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS GUIDE_SRUN_ARGS GUIDE_SHARED_SBATCH GUIDE_SHARED_SRUN_ARGS; do
+    for name in GUIDE_TRAIN_ARGS GUIDE_SBATCH_EXTRA GUIDE_APPTAINER_FLAGS GUIDE_APPTAINER_NET_LIBS GUIDE_SRUN_ARGS GUIDE_SHARED_SBATCH GUIDE_SHARED_SRUN_ARGS; do
         [[ -z ${!name+set} || $(declare -p "$name" 2>/dev/null) == "declare -a"* ]] ||
             guide_die "$name in $file must be an array, e.g. $name=(--one --two \"a value\"), not a string"
     done
@@ -88,10 +88,23 @@ guide_load_site() {
         source "$GUIDE_SITE_FILE"
         set -u
     else
+        guide_check_site_variables "$GUIDE_SITE_FILE"
         # shellcheck source=/dev/null
         source "$GUIDE_SITE_FILE"
     fi
     guide_check_site "$GUIDE_SITE_FILE"
+}
+
+# A profile that names a variable this job does not set (a bare $LOCAL_SCRATCH at a centre
+# whose node-local disk has another name) would end the job with bash's "unbound variable" and
+# status 1. Sourced first in a subshell, where such a variable is found and named in one line.
+guide_check_site_variables() {  # FILE
+    local err
+    # shellcheck source=/dev/null
+    err=$(set -u; source "$1" 2>&1 >/dev/null) && return 0
+    [[ $err =~ line\ ([0-9]+):\ ([A-Za-z_][A-Za-z0-9_]*):\ unbound\ variable ]] || return 0
+    guide_die "site profile $1 line ${BASH_REMATCH[1]} uses \$${BASH_REMATCH[2]}, which this job does not set;" \
+              "name your centre's variable for it, or write \${${BASH_REMATCH[2]}:-} where it may be unset"
 }
 
 # Whether this job got what the profile asks for. #SBATCH lines cannot read a profile, so the
@@ -100,7 +113,11 @@ guide_load_site() {
 # train on the CPU with one CPU per task and pass the doctor as a CPU job. Such a job stops
 # here, unless its sbatch options carried the profile's GPUs and CPUs per task themselves.
 guide_check_request() {
-    [[ -n ${SLURM_JOB_ID:-} && -z ${GUIDE_SUBMITTED:-} ]] || return 0
+    local submitted=${GUIDE_SUBMITTED:-}
+    # The mark is this job's: a plain sbatch run from inside it (a notebook's cell, your command
+    # in 16) must not inherit it and pass unchecked.
+    [[ -z ${SLURM_JOB_ID:-} ]] || unset GUIDE_SUBMITTED
+    [[ -n ${SLURM_JOB_ID:-} && -z $submitted ]] || return 0
     local missing="" gpus=${SLURM_GPUS_ON_NODE:-${SLURM_JOB_GPUS:-}}
     [[ ${SLURM_CPUS_PER_TASK:-1} == "$GUIDE_CPUS_PER_TASK" ]] ||
         missing="${SLURM_CPUS_PER_TASK:-1} CPU(s) per task where the profile asks $GUIDE_CPUS_PER_TASK"
@@ -147,7 +164,9 @@ guide_software() {
             ;;
         apptainer)
             [[ -f $GUIDE_CONTAINER ]] || guide_die "GUIDE_CONTAINER=$GUIDE_CONTAINER does not exist; build or copy the image first"
-            GUIDE_EXEC=(apptainer exec ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"} "$GUIDE_CONTAINER")
+            guide_apptainer_net_flags
+            GUIDE_EXEC=(apptainer exec ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"}
+                        ${GUIDE_NET_FLAGS[@]+"${GUIDE_NET_FLAGS[@]}"} "$GUIDE_CONTAINER")
             # --cleanenv keeps the host's environment out of the image; what srun and the job
             # set for the training still goes in, by name (lib/apptainer_env.sh says which).
             for flag in ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"}; do
@@ -158,6 +177,22 @@ guide_software() {
             done
             ;;
     esac
+}
+
+# The host's libfabric and NCCL/RCCL network plugin (aws-ofi-nccl) inside the image, where the
+# profile names them (GUIDE_APPTAINER_NET_LIBS: folders or files): each bound read-only at its
+# own path, the folders (a file's folder) on the image's LD_LIBRARY_PATH, where NCCL looks for
+# its plugin. The image has no plugin and no libfabric built for Slingshot: without them NCCL
+# crosses a Slingshot network over TCP sockets (the doctor says so there). Sets GUIDE_NET_FLAGS.
+guide_apptainer_net_flags() {
+    GUIDE_NET_FLAGS=()
+    local path folders=""
+    for path in ${GUIDE_APPTAINER_NET_LIBS[@]+"${GUIDE_APPTAINER_NET_LIBS[@]}"}; do
+        [[ -e $path ]] || guide_die "GUIDE_APPTAINER_NET_LIBS in $GUIDE_SITE_FILE names $path, which this node does not have"
+        GUIDE_NET_FLAGS+=(-B "$path:$path:ro")
+        if [[ -d $path ]]; then folders+="${folders:+:}$path"; else folders+="${folders:+:}$(dirname "$path")"; fi
+    done
+    [[ -z $folders ]] || GUIDE_NET_FLAGS+=(--env "LD_LIBRARY_PATH=$folders")
 }
 
 # Print what this job is and will do, then the doctor's view of the first node for this
@@ -179,7 +214,7 @@ guide_banner() {
     local quick=()
     [[ ${GUIDE_DOCTOR:-full} == full ]] || quick=(--quick)
     ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils doctor --framework "$GUIDE_FRAMEWORK" --dist "$GUIDE_DIST" \
-        --profile "$GUIDE_TRAIN_PROFILE" ${quick[@]+"${quick[@]}"} ||
+        --launch "$GUIDE_LAUNCH" --profile "$GUIDE_TRAIN_PROFILE" ${quick[@]+"${quick[@]}"} ||
         guide_die "guide_utils doctor: the software environment cannot run --framework $GUIDE_FRAMEWORK --dist $GUIDE_DIST (PROBLEM above)"
     # A PyTorch job on GPUs of several nodes: which network NCCL (RCCL) uses between them. A
     # site's network plugin that does not load leaves NCCL on TCP sockets, slower by an order of
@@ -225,7 +260,8 @@ guide_stage_data() {
 # cancelled can start no step any more.
 guide_hold_scratch() {
     GUIDE_HOLD_FOLDER=$1
-    srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+    # (GUIDE_SCRATCH_HOLDER: the mark by which lib/signal_node.sh never signals the holder)
+    GUIDE_SCRATCH_HOLDER=$SLURM_JOB_ID srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
         --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" hold "$1" </dev/null &
     GUIDE_HOLD_SRUN=$!
     trap guide_release_scratch EXIT
@@ -244,8 +280,8 @@ guide_release_scratch() {
     wait "$GUIDE_HOLD_SRUN" 2>/dev/null || status=$?
     GUIDE_HOLD_SRUN=""
     if ((status != 0)) && [[ ${GUIDE_ENDING:-} != TERM ]]; then
-        srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
-            --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" release \
+        GUIDE_SCRATCH_HOLDER=$SLURM_JOB_ID srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" \
+            --ntasks-per-node=1 --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" release \
             "$GUIDE_HOLD_FOLDER" </dev/null || true
     fi
 }
@@ -253,12 +289,13 @@ guide_release_scratch() {
 # The switch every training script has: DIST=horovod (the thesis's) or ddp (PyTorch's own
 # DistributedDataParallel, which needs no Horovod: Horovod 0.28.1 of June 2023 is its last
 # release, and many sites' PyTorch modules come without it). guide_dist DEFAULT prints it:
-# DIST if set, else the script's DEFAULT, except that a site whose software has no Horovod
-# for its GPUs (GUIDE_HOROVOD=no) gets ddp instead of a job that queues, then stops at the doctor.
+# DIST if set, else the script's DEFAULT, except that a site whose profile does not say that its
+# software has a Horovod for its GPUs, with NCCL (GUIDE_HOROVOD=yes), gets ddp instead of a job
+# that queues, then stops at the doctor (or averages its gradients through host memory).
 guide_dist() {
     [[ -n ${GUIDE_SITE_FILE:-} ]] || guide_load_site
     local dist=${DIST:-$1}
-    [[ -n ${DIST:-} || $dist != horovod || ${GUIDE_HOROVOD:-yes} == yes ]] || dist=ddp
+    [[ -n ${DIST:-} || $dist != horovod || ${GUIDE_HOROVOD:-no} == yes ]] || dist=ddp
     [[ $dist == horovod || $dist == ddp ]] || guide_die "DIST=$dist: choose horovod or ddp"
     printf '%s\n' "$dist"
 }
@@ -332,7 +369,7 @@ guide_task_options() {
         while read -r line; do
             [[ -z $line ]] || export "${line?}"
         done < <(guide_srun_cpu_env "$(guide_slurm_version)" "$SLURM_CPUS_PER_TASK" "$per_node" "$GUIDE_LAUNCH")
-        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$SLURM_CPUS_PER_TASK}
+        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(guide_omp_threads "$SLURM_CPUS_PER_TASK")}
     fi
     if [[ $GUIDE_DIST == horovod && $GUIDE_LAUNCH == tasks ]]; then
         [[ $GUIDE_SRUN_MPI != none ]] ||
@@ -343,6 +380,13 @@ guide_task_options() {
     if guide_shared_job "$nodes" "$per_node"; then
         GUIDE_SRUN_ARGS=(${GUIDE_SHARED_SRUN_ARGS[@]+"${GUIDE_SHARED_SRUN_ARGS[@]}"})
     fi
+    # A site that binds each task to the cores next to its GPU by a mask (LUMI's) has srun apply
+    # it to srun's tasks only: the processes a launcher in this shell starts (02, 09) share the
+    # job's cores, unbound. One task per GPU under srun is what binds them.
+    if [[ $GUIDE_LAUNCH == shell && " ${GUIDE_SRUN_ARGS[*]:-}" == *" --cpu-bind="*mask_cpu:* ]]; then
+        echo "== note: the profile's CPU masks (GUIDE_SRUN_ARGS) bind srun's tasks, and this job's processes start" \
+             "in the batch shell, unbound; srun's tasks get them (03 with --nodes=1 and LAUNCHER=srun-ddp, 16 with LAUNCHER=srun)"
+    fi
     GUIDE_SRUN_TASKS=(--kill-on-bad-exit=1 ${mpi[@]+"${mpi[@]}"} ${GUIDE_SRUN_ARGS[@]+"${GUIDE_SRUN_ARGS[@]}"}
                       ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
     # One launcher per node gets the CPUs (and, at a per-task GPU site, the GPUs) of all
@@ -350,16 +394,61 @@ guide_task_options() {
     # (A step may not ask for more GPUs per task than the job did, so it asks per node.)
     # In the profile's GRES (a site that shares GPUs asks --gres=shard:N): a gpu request the
     # job does not hold would be refused.
-    local node_gpus=() per_task=1 gres=gpu
-    [[ ! $GUIDE_GPU_REQUEST =~ gpus-per-task[=\ ]*([0-9]+) ]] || per_task=${BASH_REMATCH[1]}
+    local node_gpus=() per_task gres=gpu node_gpu_bind=()
+    per_task=$(guide_gpus_per_task)
     # (the name of the entry that carries %d: "--gpus-per-node=%d --gres=nvme:200" asks for GPUs)
     [[ ! $GUIDE_GPU_REQUEST =~ --gres=([^ ]*,)?([A-Za-z_]+)(:[A-Za-z0-9_.-]+)?:%d ]] || gres=${BASH_REMATCH[2]}
-    [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres="$gres:$((per_node * per_task))")
+    [[ -z $GUIDE_GPU_REQUEST ]] || node_gpus=(--gres="$gres:$((per_node * ${per_task:-1}))")
+    # A job that asks for GPUs per task hands every step that request and, with it, a binding
+    # of each task to its own GPUs: srun reads SLURM_GPUS_PER_TASK (22.05, 23.02), or
+    # SLURM_TRES_PER_TASK and SLURM_TRES_BIND (23.11 on), from the environment sbatch exported,
+    # and binds per_task:N when no binding is named (src/srun/libsrun/launch.c at 22.05;
+    # _implicitly_bind_tres_per_task in src/common/slurm_opt.c from 23.11). The one task per node
+    # must see every GPU of its node: its per-node --gres sets the step's count (a GRES per node
+    # comes before one per task, gres_ctld.c), and --gpu-bind=none replaces the inherited binding
+    # (arg_set_gpu_bind). (slurmstepd also drops a binding for a step of one task on a node, mgr.c;
+    # the step says so itself rather than rely on that.)
+    [[ -z $per_task && ${SLURM_TRES_BIND:-} != *gpu* && -z ${SLURM_GPU_BIND:-} ]] || node_gpu_bind=(--gpu-bind=none)
     local node_bind=()
     mapfile -t node_bind < <(guide_node_cpu_bind "$per_node")
     GUIDE_SRUN_NODES=(--kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1
                       --cpus-per-task=$((per_node * ${SLURM_CPUS_PER_TASK:-1})) ${node_gpus[@]+"${node_gpus[@]}"}
-                      ${node_bind[@]+"${node_bind[@]}"} ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+                      ${node_gpu_bind[@]+"${node_gpu_bind[@]}"} ${node_bind[@]+"${node_bind[@]}"}
+                      ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
+}
+
+# OpenMP's (and PyTorch's) threads for a task of CPUS Slurm CPUs: one per physical core. Where
+# Slurm counts hardware threads as CPUs (the node's CPUTot is sockets x cores x threads per core:
+# Perlmutter's 128 on 64 cores), CPUS are CPUS / threads-per-core cores, and as many threads again
+# would share them; where it counts cores (CPUTot = sockets x cores: LUMI's 7 are seven cores), or
+# the job asked for one thread per core (--threads-per-core=1, --hint=nomultithread), a CPU is a core.
+guide_omp_threads() {  # CPUS
+    local out total=0 sockets=0 cores=0 threads=1
+    if [[ ${SLURM_THREADS_PER_CORE:-} != 1 && ${SLURM_HINT:-} != *nomultithread* ]] &&
+        out=$(scontrol show node "${SLURMD_NODENAME:-}" -o 2>/dev/null); then
+        [[ ! $out =~ CPUTot=([0-9]+) ]] || total=${BASH_REMATCH[1]}
+        [[ ! $out =~ \ Sockets=([0-9]+) ]] || sockets=${BASH_REMATCH[1]}
+        [[ ! $out =~ CoresPerSocket=([0-9]+) ]] || cores=${BASH_REMATCH[1]}
+        [[ ! $out =~ ThreadsPerCore=([0-9]+) ]] || threads=${BASH_REMATCH[1]}
+    fi
+    if ((threads > 1 && sockets * cores > 0 && total >= sockets * cores * threads && $1 >= threads)); then
+        printf '%s\n' "$(($1 / threads))"
+    else
+        printf '%s\n' "$1"
+    fi
+}
+
+# The GPUs per task of a job that asks for them per task, empty for one that asks per node:
+# what sbatch exported (SLURM_GPUS_PER_TASK to 23.02, "1" or "a100:1"; SLURM_TRES_PER_TASK from
+# 23.02, "cpu:8,gres:gpu:1" or, from 24.05, "cpu=8,gres/gpu:a100=1"), else the profile's request.
+guide_gpus_per_task() {
+    if [[ -n ${SLURM_GPUS_PER_TASK:-} ]]; then
+        printf '%s\n' "${SLURM_GPUS_PER_TASK##*:}"
+    elif [[ ${SLURM_TRES_PER_TASK:-} =~ gres[/:]gpu(:[A-Za-z0-9_.-]+)?[:=]([0-9]+) ]]; then
+        printf '%s\n' "${BASH_REMATCH[2]}"
+    elif [[ $GUIDE_GPU_REQUEST =~ gpus-per-task[=\ ]*([A-Za-z0-9_.-]+:)?([0-9]+) ]]; then
+        printf '%s\n' "${BASH_REMATCH[2]}"
+    fi
 }
 
 # The CPU binding of one launcher per node (torchrun) where the site binds each task by a
@@ -468,61 +557,109 @@ GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf
 
 # Send a signal to this job's training processes on every node, whatever started them: srun
 # and mpirun pass a USR1 on to their tasks, but torchrun and horovodrun would die of it (or
-# end their workers with a grace of seconds). A step of one task per node finds them by their
-# command line and by the job id in their environment: GUIDE_SIGNAL_MATCH, an extended
-# regular expression matched against the command line (arguments joined by spaces), by
-# default the guide's own training processes (GUIDE_ENGINE_MATCH); 16_your_own_script.sbatch
-# sets it from the reader's command (guide_command_match). --overlap lets the step run beside
-# the training step. The scan starts no program per process: on a loaded node with hundreds of
-# processes, a `tr | grep` for each took longer than the warning leaves (the training ended
-# unwarned), where bash's own `read` and `[[ =~ ]]` take well under a second. The step has a
-# time limit of its own (1 minute, Slurm's smallest): the batch shell waits for it inside its
-# USR1 trap, and a scan that does not end (one once spun for 10 minutes: see the loop below)
-# would hold the job until its time limit, unrequeued.
+# end their workers with a grace of seconds). A step of one task per node (lib/signal_node.sh)
+# finds them by their command line and by the job id in their environment: GUIDE_SIGNAL_MATCH,
+# an extended regular expression matched against the command line (arguments joined by
+# spaces), by default the guide's own training processes (GUIDE_ENGINE_MATCH);
+# 16_your_own_script.sbatch sets it from the reader's command (guide_command_match). It never
+# signals this batch shell (its pid goes along), itself or the scratch holder, and looks
+# through a shell wrapper to the program it runs. --overlap lets the step run beside the
+# training step. The step has a time limit of its own (1 minute, Slurm's smallest): the batch
+# shell waits for it inside its USR1 trap, and a scan that does not end (one once spun for 10
+# minutes) would hold the job until its time limit, unrequeued.
 guide_signal_training() {
-    # shellcheck disable=SC2016  # expanded by the per-node shell
     srun --overlap --time=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
-        --cpus-per-task=1 --gres=none bash -c '
-        n=0
-        # A read that fails leaves w as it was: w is emptied after each word, so that a process
-        # that ends while it is read (every later read fails: ESRCH) ends its loop instead of
-        # adding its last word forever (a scan once spun 10 minutes on one core that way).
-        for d in /proc/[0-9]*; do  # (2>/dev/null first: it also silences a process gone or not ours)
-            words=() env=() w=
-            while IFS= read -r -d "" w; do words+=("$w"); w=; done 2>/dev/null <"$d/cmdline"
-            [[ -z $w ]] || words+=("$w")  # a last word without its NUL
-            [[ ${words[*]:-} =~ $3 ]] || continue
-            w=
-            while IFS= read -r -d "" w; do env+=("$w"); w=; done 2>/dev/null <"$d/environ"
-            for w in ${env[@]+"${env[@]}"}; do
-                [[ $w == "SLURM_JOB_ID=$2" ]] && { kill "-$1" "${d#/proc/}" 2>/dev/null && n=$((n + 1)); break; }
-            done
-        done
-        # What the job log shows: none found means the match does not fit the training command.
-        echo "== ${SLURMD_NODENAME:-${HOSTNAME%%.*}}: $1 sent to $n training process(es)"
-        exit 0' signal "$1" "$SLURM_JOB_ID" "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" ||
+        --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/signal_node.sh" "$1" "$SLURM_JOB_ID" \
+        "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" "${SLURMD_NODENAME:-${HOSTNAME%%.*}}:$$" ||
         echo "== could not signal every node (srun exit $?)" >&2
 }
 
-# The GUIDE_SIGNAL_MATCH for a training command (its words as arguments): the processes that
-# run its program, not the launchers around them. `python [-flags] SCRIPT.py ...` and
-# `python [-flags] -m MODULE ...` match a Python interpreter whose first argument that is not
-# a flag is that script or module (as the command gives it, or as torchrun passes it on:
-# `python -u SCRIPT.py`), which torchrun's own command line (`python .../torchrun ...
-# SCRIPT.py`) and mpirun's do not; any other program matches by its name.
-guide_command_match() {
-    local words=("$@") i=1 target
-    if [[ ${words[0]##*/} == python* ]]; then
-        while [[ ${words[i]:-} == -?* && ${words[i]} != -m ]]; do i=$((i + 1)); done
-        if [[ ${words[i]:-} == -m ]]; then
-            target="-m $(guide_regex_literal "${words[i + 1]:-}")"
-        else
-            target=$(guide_regex_literal "${words[i]:-}")
+# Where in a training command (its words as arguments) the program to warn is, as KIND INDEX:
+# the first Python interpreter (KIND python: it runs SCRIPT or -m MODULE) or shell (shell: it
+# runs a script, and the warning goes to what that runs) from the left, so that a wrapper in
+# front of it that execs into it is looked through (`./select_gpu python train.py`, LUMI's;
+# `env A=1 python ...`, `apptainer exec IMAGE python ...`); else the last argument that is a
+# program file (`./select_gpu ./train`), else the command's own program (KIND program).
+guide_command_target() {
+    local words=("$@") i target=0 name
+    for ((i = 0; i < ${#words[@]}; i++)); do
+        name=${words[i]##*/}
+        if [[ $name =~ ^python[0-9.]*$ ]]; then echo "python $i"; return 0; fi
+        if [[ $name =~ ^(ba|da|z|k)?sh$ ]]; then echo "shell $i"; return 0; fi
+        if ((i > 0)) && [[ ${words[i]} == */* && ${words[i]} != -* && -f ${words[i]} && -x ${words[i]} ]]; then
+            target=$i
         fi
-        printf '^([^ ]*/)?python[0-9.]*( -[^ ]+)* %s( |$)\n' "$target"
-    else
-        printf '^([^ ]*/)?%s( |$)\n' "$(guide_regex_literal "${words[0]##*/}")"
+    done
+    echo "program $target"
+}
+
+# The GUIDE_SIGNAL_MATCH for a training command (its words as arguments): the processes that
+# run its program, not the launchers around them (guide_command_target says which program).
+# `python [-flags] SCRIPT.py ...` and `python [-flags] -m MODULE ...` match a Python interpreter
+# whose first argument that is not a flag is that script or module (as the command gives it, or
+# as torchrun passes it on: `python -u SCRIPT.py`), which torchrun's own command line
+# (`python .../torchrun ... SCRIPT.py`) and mpirun's do not; `bash [-flags] SCRIPT ...` a shell
+# running that script (lib/signal_node.sh then warns the program it runs); any other program
+# matches by its name, also when an interpreter runs it by its #! line (`python3 ./train.py`).
+guide_command_match() {
+    local kind i target
+    read -r kind i < <(guide_command_target "$@")
+    local words=("${@:i+1}")
+    i=1
+    case $kind in
+        python)
+            while [[ ${words[i]:-} == -?* && ${words[i]} != -m ]]; do i=$((i + 1)); done
+            if [[ ${words[i]:-} == -m ]]; then
+                target="-m $(guide_regex_literal "${words[i + 1]:-}")"
+            else
+                target=$(guide_regex_literal "${words[i]:-}")
+            fi
+            printf '^([^ ]*/)?python[0-9.]*( -[^ ]+)* %s( |$)\n' "$target"
+            ;;
+        shell)
+            while [[ ${words[i]:-} == -?* ]]; do i=$((i + 1)); done
+            printf '^([^ ]*/)?%s( -[^ ]+)* ([^ ]*/)?%s( |$)\n' "$(guide_regex_literal "${words[0]##*/}")" \
+                "$(guide_regex_literal "${words[i]##*/}")"
+            ;;
+        program)
+            printf '^(([^ ]*/)?(python[0-9.]*|(ba|da|z|k)?sh)( -[^ ]+)* )?([^ ]*/)?%s( |$)\n' \
+                "$(guide_regex_literal "${words[0]##*/}")"
+            ;;
+    esac
+}
+
+# A command whose program the warning could not find, refused or warned about in one line
+# before it queues (submit.sh) and again at the top of the job: a launcher inside it (it would
+# be warned instead of the training, or start it twice), code given as a string (`python -c`,
+# `bash -c`: no script to find), and a script that execs a program its command line does not
+# name (the processes then no longer match). Nothing when GUIDE_SIGNAL_MATCH is set: yours.
+guide_command_check() {
+    [[ -z ${GUIDE_SIGNAL_MATCH:-} ]] && (($#)) || return 0
+    local word kind i file line
+    for word in "$@"; do
+        case ${word##*/} in
+            srun | mpirun | mpiexec | orterun | prterun | torchrun | horovodrun | torch.distributed.run | torch.distributed.launch)
+                guide_die "the command starts ${word##*/} itself: give the training command alone (LAUNCHER=srun," \
+                          "torchrun, mpirun or horovodrun starts it), or Slurm's time-limit warning reaches ${word##*/}, not your training" ;;
+        esac
+    done
+    read -r kind i < <(guide_command_target "$@")
+    local words=("${@:i+1}")
+    if [[ $kind != program && ${words[1]:-} == -c ]]; then
+        guide_die "'${words[0]} -c CODE': the time-limit warning finds your program by its script, which a command" \
+                  "string does not have; put the code in a file (python train.py, bash train.sh)"
     fi
+    file=${words[0]}
+    if [[ $kind == shell ]]; then
+        i=1
+        while [[ ${words[i]:-} == -?* ]]; do i=$((i + 1)); done
+        file=${words[i]:-}
+    fi
+    [[ $kind != python && -f $file ]] || return 0
+    line=$(grep -I -n -m 1 -E '^[[:space:]]*exec[[:space:]]+[^[:space:]<>&-]' "$file" 2>/dev/null) || return 0
+    echo "warning: $file execs another program (line ${line%%:*}: ${line#*:}), which the time-limit warning" \
+         "finds only if the command names it: write it after $file (./select_gpu python train.py ...), or set" \
+         "GUIDE_SIGNAL_MATCH" >&2
 }
 
 # A reader's command as torchrun takes it, one argument per NUL-terminated item: torchrun

@@ -25,10 +25,14 @@ GUIDE_GPU_REQUEST="--gpus-per-node=%d"
 # system (NFS, Lustre, GPFS, BeeGFS...) is refused: staging exists to stop reading from one.
 GUIDE_SCRATCH=""
 GUIDE_SOFTWARE=venv         # venv | modules | apptainer
+# TensorFlow (the 08 scripts): the `make`-built venv (scripts/setup.sh) and the guide's image have the
+# lock's tensorflow-cpu, so TensorFlow runs on the CPU there and a GPU job with it stops at the doctor;
+# for GPUs put tensorflow==2.15.1 in place of tensorflow-cpu (docs/usage.md, cluster install) or use
+# the site's TensorFlow module. PyTorch sees the GPUs either way.
 GUIDE_VENV=""               # venv (and optionally on top of modules): path with bin/activate;
                             # modules with GUIDE_VENV="": the module brings PyTorch, the guide
                             # runs from src/ (PYTHONPATH), its small packages via pip install --user
-GUIDE_MODULES=""            # modules: what to `module load`, e.g. "pytorch/2.4"
+GUIDE_MODULES=""            # modules: what to `module load`, e.g. "pytorch/2.7" (2.6 or later: torch.accelerator)
 GUIDE_MODULE_PURGE=no       # optional, modules: yes runs `module purge` first; no (default) keeps
                             # what is loaded (Cray systems such as LUMI preload their stack)
 GUIDE_CONTAINER=""          # apptainer: path to the .sif image with guide_utils installed
@@ -38,6 +42,12 @@ GUIDE_APPTAINER_FLAGS=(--cleanenv --nv)  # apptainer (an array): --nv for NVIDIA
                             # (GUIDE_SCRATCH; empty: $TMPDIR, unless that is under /tmp, which
                             # apptainer binds itself) and GUIDE_OUTPUT: the training runs in the image,
                             # which sees no other host folder (the staged data would be missing)
+GUIDE_APPTAINER_NET_LIBS=() # optional, apptainer (an array): the host's libfabric and NCCL/RCCL network
+                            # plugin (aws-ofi-nccl's libnccl-net.so), folders or files, e.g. from `module
+                            # show` of the site's libfabric and aws-ofi-nccl modules; bound into the image
+                            # at the same paths and put on its LD_LIBRARY_PATH. The image has no plugin and
+                            # no libfabric built for Slingshot: left empty there, NCCL uses TCP sockets
+                            # between the nodes (the doctor says so)
 GUIDE_DATASET_ARCHIVE=""    # tar on the shared filesystem; empty: the training profile's own data
 GUIDE_DATASET_NAME=""       # folder inside the archive with train/ and val/
 GUIDE_TRAIN_PROFILE=full    # full (ResNet-50, 90 epochs) | smoke (small model, seconds)
@@ -55,9 +65,10 @@ GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0), 
                             # --time here wins over the scripts' own (24 h for 01 and 04-07): where the
                             # partition allows less, set it, or the jobs wait for ever (PartitionTimeLimit)
 GUIDE_DOCTOR=full           # optional: full (default) checks the frameworks in every job; quick: the Slurm job only
-GUIDE_HOROVOD=yes           # optional: yes (default) when the software has a Horovod for this site's GPUs
-                            # (built with NCCL where there are GPUs); no: the scripts default to DDP
-                            # (DIST=ddp, 03's srun-ddp, 10's RUNTIME=torch); DIST=horovod still asks for it
+GUIDE_HOROVOD=no            # optional: yes only when the software has a Horovod built with NCCL for this
+                            # site's GPUs (`horovodrun --check-build` ticks NCCL; the `make`-built one has
+                            # none, and DIST=horovod on GPUs then stops at the doctor); no (default): the
+                            # scripts default to DDP (DIST=ddp, 03's srun-ddp, 10's RUNTIME=torch)
 GUIDE_SHARED_SBATCH=()      # optional (an array): sbatch options for a job smaller than one node (one node,
                             # fewer tasks than GUIDE_TASKS_PER_NODE) instead of GUIDE_PARTITION and
                             # GUIDE_SBATCH_EXTRA, where whole nodes are billed otherwise: e.g.
@@ -73,6 +84,15 @@ GUIDE_OUTPUT=""             # optional: a folder on the shared file system (a pr
 export GUIDE_NETWORK=${GUIDE_NETWORK:-}
 # Environment the site needs, as plain export lines (optional): network interfaces and
 # transport settings of NCCL/RCCL and libfabric, Horovod's stall timeouts, a PYTHONUSERBASE.
-# OMP_NUM_THREADS is set by the jobs to GUIDE_CPUS_PER_TASK unless exported here, and every
+# OMP_NUM_THREADS is set by the jobs to the physical cores of GUIDE_CPUS_PER_TASK (half of it
+# where Slurm counts two hardware threads per core as CPUs) unless exported here, and every
 # job exports SRUN_CPUS_PER_TASK (srun in Slurm 22.05 to 23.02 does not inherit --cpus-per-task).
-# export NCCL_SOCKET_IFNAME=ib0 HOROVOD_STALL_CHECK_TIME_SECONDS=120
+# The network, by what the nodes have (the doctor finds HPE Slingshot by the node itself,
+# /sys/class/cxi and the hsn* interfaces, and stops a multi-node PyTorch GPU job whose NCCL uses TCP there):
+#   Slingshot (HPE Cray EX): the site's aws-ofi-nccl module (RCCL: aws-ofi-rccl) loaded, or bound
+#     into the image (GUIDE_APPTAINER_NET_LIBS), and, as lumi-like.sh and perlmutter-like.sh do
+#     with their sources, e.g. export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3 NCCL_NET="AWS Libfabric"
+#   InfiniBand: NCCL finds it by itself (the verbs library); name the cards only where a node has
+#     several kinds, e.g. export NCCL_IB_HCA=mlx5_0,mlx5_1 NCCL_SOCKET_IFNAME=ib0
+#   Ethernet: the interface between the nodes, e.g. export NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0
+# export HOROVOD_STALL_CHECK_TIME_SECONDS=120 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600

@@ -36,4 +36,9 @@ GUIDE_SBATCH_EXTRA=()
 # the gradients through host memory. The scripts default to DDP (NCCL from the torch wheel);
 # DIST=horovod still runs Horovod where that is wanted.
 GUIDE_HOROVOD=no
+# TensorFlow in the image is the lock's tensorflow-cpu (guide.def; the OCI image has none): 08 on GPUs
+# stops at the doctor. Its network: no NCCL OFI plugin, no libfabric built for Slingshot; on HPE Slingshot name
+# the host's here (folders or files, from `module show` of the site's modules), e.g.
+# GUIDE_APPTAINER_NET_LIBS=(/opt/cray/libfabric/VERSION/lib64 /opt/aws-ofi-nccl/lib)  # placeholders
+GUIDE_APPTAINER_NET_LIBS=()
 GUIDE_OUTPUT=/scratch/my_project/$USER/guide  # run records and checkpoints, in the bound project directory

@@ -22,7 +22,7 @@ GUIDE_TRAIN_PROFILE=full
 GUIDE_TRAIN_ARGS=()
 GUIDE_SRUN_MPI=pmix           # slurm_mpi_default; roles/slurm installs libpmix2 on the nodes
 GUIDE_SBATCH_EXTRA=()
-GUIDE_HOROVOD=yes             # roles/guide_env's venv has Horovod (Gloo and MPI; without NCCL: the doctor says so)
+GUIDE_HOROVOD=no              # roles/guide_env's Horovod has Gloo and MPI, no NCCL: DDP by default on GPUs
 # The link between the nodes, recorded with every run (the inventory's guide_network_gbit):
 # the testbed's experiment network runs at 10 Gbit/s or, reconfigured, at 1 Gbit/s. Submit
 # the runs on the slower one as GUIDE_NETWORK=1Gbit/s slurm_examples/submit.sh ...

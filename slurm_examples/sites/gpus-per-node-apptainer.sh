@@ -23,4 +23,9 @@ GUIDE_SBATCH_EXTRA=(--exclusive)
 GUIDE_SHARED_SBATCH=(--partition=gpu --mem-per-gpu=60G)
 # The image's Horovod is built without NCCL (containers/guide.def): the scripts default to DDP.
 GUIDE_HOROVOD=no
+# TensorFlow in the image is the lock's tensorflow-cpu (guide.def; the OCI image has none): 08 on GPUs
+# stops at the doctor. Its network: no NCCL OFI plugin, no libfabric built for Slingshot; on HPE Slingshot name
+# the host's here (folders or files, from `module show` of the site's modules), e.g.
+# GUIDE_APPTAINER_NET_LIBS=(/opt/cray/libfabric/VERSION/lib64 /opt/aws-ofi-nccl/lib)  # placeholders
+GUIDE_APPTAINER_NET_LIBS=()
 GUIDE_OUTPUT=/scratch/my_project/$USER/guide  # placeholder: run records and checkpoints on the project's scratch

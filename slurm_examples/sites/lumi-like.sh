@@ -9,7 +9,8 @@
 #   https://docs.lumi-supercomputer.eu/runjobs/scheduled-jobs/distribution-binding/  56 cores, masks
 #   https://docs.lumi-supercomputer.eu/runjobs/lumi_env/storing-data/  /project, /scratch, /tmp in memory
 #   https://github.com/Lumi-supercomputer/LUMI-AI-Guide  (05 multi-GPU, 04 data storage) RCCL variables, --mem
-#   https://lumi-supercomputer.github.io/LUMI-training-materials/  (2day-20250602: Slurm, CPE, modules)
+#   https://lumi-supercomputer.github.io/LUMI-training-materials/  (2day-20250602: Slurm, CPE, modules;
+#       intro-evolving, "Former AI containers on LUMI-G": MIOpen's caches moved to /tmp)
 #   https://docs.csc.fi/apps/pytorch/  `module use /appl/local/csc/modulefiles/`, then module load pytorch
 #   https://github.com/HewlettPackard/shs-ccl-docs  HPE's libfabric settings for NCCL/RCCL on Slingshot
 GUIDE_ACCOUNT="project_465000000"  # placeholder: your LUMI project
@@ -40,12 +41,18 @@ GUIDE_SOFTWARE=modules
 # MODULEPATH is what `module use` does; here it works before any module command runs.
 [[ :${MODULEPATH:-}: == *:/appl/local/csc/modulefiles:* ]] ||
     export MODULEPATH=/appl/local/csc/modulefiles${MODULEPATH:+:$MODULEPATH}
-GUIDE_MODULES="pytorch/2.5"        # 2.5.1 with ROCm 6.2 on the CSC page we read; no Horovod from 2.1 on
+# 2.7.1 on LUMI in CSC's table; no Horovod from 2.1 on. PyTorch 2.6 or later: the examples of
+# chapter 16 call torch.accelerator. CSC's page also says that since LUMI's service break of
+# January 2026 its LUMI modules do not reach Slingshot (multi-node jobs 10-20% slower) and calls
+# them deprecated in favour of the LUMI AI Factory's containers: check before a multi-node run.
+GUIDE_MODULES="pytorch/2.7"
+# TensorFlow (08) needs a GPU build here, e.g. the site's TensorFlow module (not checked): one that sees
+# no GPU, or none at all, stops 08 at the doctor instead of training on the CPU.
 # Cray systems preload their programming environment as modules; LUMI reloads its sticky
 # ones on a purge, which its course notes warn may have side effects. So no purge.
 GUIDE_MODULE_PURGE=no
 # The guide's small packages in a venv that also sees the module's (CSC's Python guide):
-#   module load pytorch/2.5; python3 -m venv --system-site-packages /project/project_465000000/guide-venv
+#   module load pytorch/2.7; python3 -m venv --system-site-packages /project/project_465000000/guide-venv
 #   then activate it and pip install "guide_utils' own needs" from requirements.txt. (Where a
 #   module's wrappers refuse a venv, use PYTHONUSERBASE and pip install --user: puhti-like.sh.)
 GUIDE_VENV=/project/project_465000000/guide-venv  # placeholder project
@@ -79,6 +86,12 @@ export GLOO_SOCKET_IFNAME=hsn0
 # HPE's libfabric settings for NCCL/RCCL on Slingshot: a registration-cache monitor that
 # notices remapped pages, no provider calls that may deadlock, a larger completion queue.
 export FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DISABLE_HOST_REGISTER=1 FI_CXI_DEFAULT_CQ_SIZE=131072
+# MIOpen (ROCm's convolutions) keeps its find database and compiled kernels under $HOME by
+# default, and it "has problems with file/record locking on Lustre" (LUMI's course notes): the
+# node's own /tmp instead, one folder per job (MIOpen creates it on each node), as LUMI's
+# examples do.
+export MIOPEN_USER_DB_PATH=/tmp/$USER-miopen-${SLURM_JOB_ID:-0}
+export MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
 # Horovod (DIST=horovod): when some ranks wait for others that never send their tensors (a
 # hung node, a rank stuck in I/O), Horovod warns after 60 s and by default never stops, so
 # the job idles until its time limit. Ours: warn at 2 minutes, shut down at 10 (Horovod

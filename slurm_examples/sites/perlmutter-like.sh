@@ -36,6 +36,8 @@ GUIDE_SCRATCH=/tmp        # placeholder: we could not check what backs /tmp on t
                           # staging refuses it if it is a network file system; memory is fine)
 GUIDE_SOFTWARE=modules
 GUIDE_MODULES="pytorch"   # placeholder: NERSC's PyTorch module (`module avail pytorch`), version not checked
+# TensorFlow (08) needs a GPU build here, e.g. the site's TensorFlow module (not checked): one that sees
+# no GPU, or none at all, stops 08 at the doctor instead of training on the CPU.
 GUIDE_MODULE_PURGE=no     # Cray systems preload their programming environment as modules
 # The guide's small packages in a venv that also sees the module's packages:
 #   module load pytorch; python -m venv --system-site-packages $HOME/venvs/guide-pm

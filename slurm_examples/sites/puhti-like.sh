@@ -19,9 +19,12 @@ GUIDE_GPU_REQUEST="--gres=gpu:v100:%d,nvme:200"
 GUIDE_SCRATCH=${LOCAL_SCRATCH:-}  # that NVMe: set in jobs that ask for nvme, emptied by CSC after each
 GUIDE_SOFTWARE=modules
 # CSC's module: PyTorch and CUDA, wrapped from a container so that `python` works as usual.
-# 2.5 is the newest on the CSC page we read (`module avail pytorch` shows today's); from 2.1
-# on it has no Horovod, so run the DDP paths (DIST=ddp; 03 with LAUNCHER=torchrun or srun-ddp).
-GUIDE_MODULES="pytorch/2.5"
+# 2.9 is Puhti's default in CSC's table (`module avail pytorch` shows today's); the examples of
+# chapter 16 need 2.6 or later (torch.accelerator). From 2.1 on it has no Horovod, so run the
+# DDP paths (DIST=ddp; 03 with LAUNCHER=torchrun or srun-ddp).
+GUIDE_MODULES="pytorch/2.9"
+# TensorFlow (08) needs a GPU build here, e.g. the site's TensorFlow module (not checked): one that sees
+# no GPU, or none at all, stops 08 at the doctor instead of training on the CPU.
 GUIDE_MODULE_PURGE=yes           # CSC's own examples purge before loading
 GUIDE_HOROVOD=no                 # no Horovod in the module from 2.1 on: the scripts default to DDP
 # Puhti's gpu partition allocates by resources (GPUs, cores, memory), not whole nodes: no
@@ -30,7 +33,7 @@ GUIDE_OUTPUT=/scratch/project_2001234/$USER/guide  # placeholder project
 GUIDE_VENV=""                    # modules only
 # The guide's own small packages (requirements.txt, "guide_utils' own needs") go beside the
 # module, once, on a login node; pip leaves alone what the module already has:
-#   module load pytorch/2.5; export PYTHONUSERBASE=/projappl/project_2001234/guide-python
+#   module load pytorch/2.9; export PYTHONUSERBASE=/projappl/project_2001234/guide-python
 #   pip install --user python-hostlist psutil nvidia-ml-py timm PyYAML Pillow tqdm mnist1d pandas scikit-learn
 export PYTHONUSERBASE=/projappl/project_2001234/guide-python  # placeholder project, as above
 GUIDE_DATASET_ARCHIVE=/scratch/project_2001234/datasets/ilsvrc2012.tar  # placeholder

@@ -50,18 +50,22 @@ def runtime() -> str | None:
 
 def exec_prefix(profile: Path | None = None, *, local_scratch: str = "/local/scratch") -> list[str]:
     """What a job with ``profile`` puts before every command that needs the guide's stack:
-    ``apptainer exec FLAGS IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set),
-    after ``slurm_examples/lib/apptainer_env.sh`` when FLAGS has ``--cleanenv`` (as
-    ``lib/guide.sh`` does: it passes the variables srun and the job set into the image);
-    ``profile`` defaults to the repository's ``apptainer-example.sh``."""
+    ``apptainer exec FLAGS NET IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set;
+    NET: the binds of the host's network libraries, ``GUIDE_APPTAINER_NET_LIBS``, as
+    ``lib/guide.sh`` makes them), after ``slurm_examples/lib/apptainer_env.sh`` when FLAGS has
+    ``--cleanenv`` (as ``lib/guide.sh`` does: it passes the variables srun and the job set into
+    the image); ``profile`` defaults to the repository's ``apptainer-example.sh``."""
     profile = profile or _FILES["PROFILE"]()
-    code = (f"source {profile}; printf '%s\\n' \"$GUIDE_CONTAINER\" "
-            "\"${GUIDE_APPTAINER_FLAGS[@]}\"")
+    guide_sh = repo_path("slurm_examples", "lib", "guide.sh")
+    code = (f'source "{guide_sh}"; GUIDE_SITE_FILE="{profile}"; source "{profile}"; guide_apptainer_net_flags; '
+            "printf '%s\\n' \"$GUIDE_CONTAINER\" \"${#GUIDE_APPTAINER_FLAGS[@]}\" \"${GUIDE_APPTAINER_FLAGS[@]}\" "
+            "${GUIDE_NET_FLAGS[@]+\"${GUIDE_NET_FLAGS[@]}\"}")
     out = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=30, check=True,
                          env={**os.environ, "LOCAL_SCRATCH": local_scratch})
-    container, *flags = out.stdout.splitlines()
+    container, count, *rest = out.stdout.splitlines()
+    flags, net = rest[:int(count)], rest[int(count):]
     env = [str(repo_path("slurm_examples", "lib", "apptainer_env.sh"))] if {"--cleanenv", "-e"} & set(flags) else []
-    return [*env, "apptainer", "exec", *flags, container]
+    return [*env, "apptainer", "exec", *flags, *net, container]
 
 
 def import_footprint(modules: tuple[str, ...] = ("torch", "torchvision", "timm", "guide_utils.engine")) -> dict:

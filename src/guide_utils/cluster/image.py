@@ -14,6 +14,10 @@ machine: ``python -m guide_utils image build|smoke|save``.
 The Horovod in the image is the wheel ``scripts/setup.sh`` compiled for the venv (cp311, the
 lock's torch): the same build, installed in seconds instead of compiled again.
 
+The image has no NCCL network plugin and no libfabric built for HPE Slingshot: on a cluster it
+runs under Apptainer through a site profile, which binds the host's (``GUIDE_APPTAINER_NET_LIBS``;
+``lib/guide.sh``); without them, on Slingshot, the job's doctor says that NCCL would use TCP.
+
 How podman is called (its flags on a machine like the CI VM, its errors): :mod:`.podman`.
 """
 

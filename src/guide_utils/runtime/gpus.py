@@ -23,16 +23,29 @@ GPUs, ``--gres=none``, has no count), and picks its own by local rank.
 ['0', '1', '2', '3']
 >>> usable_devices({"SLURM_JOB_GPUS": "0,1"}) is None, usable_devices({"CUDA_VISIBLE_DEVICES": "3"})
 (True, ['3'])
+
+Whether the job gave this process GPUs at all (what a framework that sees none must not
+ignore: the doctor and the TensorFlow door refuse to train on the CPU then):
+
+>>> allocated({"CUDA_VISIBLE_DEVICES": "0,1"})
+'CUDA_VISIBLE_DEVICES=0,1'
+>>> allocated({"SLURM_GPUS_ON_NODE": "0", "CUDA_VISIBLE_DEVICES": ""}) is None
+True
 """
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 # Device lists, in the order the first one set wins (CUDA's is also what HIP reads).
 VISIBLE = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 # Values that hide every GPU: Slurm writes NoDevFiles for a step without GPUs; CUDA stops at -1.
 NO_DEVICES = ("", "-1", "NoDevFiles")
+# Variables that give a process GPUs: device lists (launchers and Slurm's GRES plugin set
+# them), then Slurm's counts. The first that names a GPU is the one a message quotes.
+DEVICE_LISTS = (*VISIBLE, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+COUNTS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_NODE", "SLURM_GPUS")
 
 
 def device_variable(env: Mapping[str, str]) -> str | None:
@@ -69,3 +82,16 @@ def usable_devices(env: Mapping[str, str]) -> list[str] | None:
         return visible
     count = env.get("SLURM_GPUS_ON_NODE", "").strip()
     return [str(i) for i in range(int(count))] if count.isdigit() and int(count) > 0 else None
+
+
+def allocated(env: Mapping[str, str]) -> str | None:
+    """``NAME=value`` of the first variable that gives this process a GPU; None if none does."""
+    for name in DEVICE_LISTS:
+        value = env.get(name, "").strip()
+        if value not in NO_DEVICES:
+            return f"{name}={value}"
+    for name in COUNTS:  # "4", "gpu:4", "v100:4", "gpu:a100:2(x2)": any count above zero
+        value = env.get(name, "").strip()
+        if any(int(n) > 0 for n in re.findall(r"(?:^|[:,])(\d+)", value)):
+            return f"{name}={value}"
+    return None

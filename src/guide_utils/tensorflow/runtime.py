@@ -12,9 +12,10 @@ guide_utils.core.errors.GuideError: TensorFlow 2.16.1 with Keras 3.3.3: Horovod 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from ..core.errors import GuideError
+from ..runtime.gpus import VISIBLE, allocated
 
 MIN_TF, MAX_TF = (2, 9), (2, 15)
 DISTS = ("none", "horovod", "mwms")
@@ -87,11 +88,32 @@ class TFDist:
         return flag
 
 
+def check_gpus(env: Mapping[str, str], seen: int, tf_version: str, build: str) -> None:
+    """Refuse, in one line, to train on the CPU when the job gave this process GPUs (``env``
+    names them) that this TensorFlow does not see (``seen``: how many it does): the lock's
+    tensorflow-cpu, or a build for the other vendor, would otherwise hold the GPUs all run long
+    (under MWMS with the RING collective, over the CPUs)."""
+    given = allocated(env)
+    if given and not seen:
+        wanted = ("a ROCm build of TensorFlow 2.15 (AMD's tensorflow-rocm)" if given.startswith(VISIBLE[1:]) else
+                  "tensorflow==2.15.1 (the GPU wheel) instead of tensorflow-cpu")
+        raise GuideError(f"the job has GPUs ({given}) but this TensorFlow {tf_version} ({build} build) sees none; "
+                         f"refusing to train on the CPU: install {wanted} or load the site's TensorFlow module "
+                         "(docs/usage.md, 'Running on a real cluster'), or run a job without GPUs")
+
+
 def init(kind: str) -> TFDist:
-    """Start the TensorFlow side of distribution; pins one GPU per process where there are GPUs."""
+    """Start the TensorFlow side of distribution; pins one GPU per process where there are GPUs,
+    and refuses to start on the CPU where the job has GPUs this TensorFlow does not see."""
     if kind not in DISTS:
         raise GuideError(f"--dist {kind} is not available with TensorFlow; choose from {', '.join(DISTS)} "
                          "(DDP is PyTorch's)")
+    import os
+
+    import tensorflow as tf
+
+    build = "CUDA" if tf.test.is_built_with_cuda() else "ROCm" if tf.test.is_built_with_rocm() else "CPU-only"
+    check_gpus(os.environ, len(tf.config.list_physical_devices("GPU")), tf.__version__, build)
     if kind == "horovod":
         return _init_horovod()
     if kind == "mwms":

@@ -2,7 +2,8 @@
 
 # The command (cli) and its public face, what notebooks and tests call. The parts are a
 # module each: the facts (facts, running the probes), the judgement (diagnosis, gpus), the
-# report (report) and the per-task check (tasks: ``task-probe``, ``doctor --tasks``).
+# report (report), the per-task check (tasks: ``task-probe``, ``doctor --tasks``) and the
+# network between the nodes (network: HPE Slingshot found by the node, ``doctor --network``).
 from .cli import PROG, main
 from .diagnosis import EXPECTED, Diagnosis, diagnose, diagnose_job
 from .facts import DEFAULT_LOADER_WORKERS, DISTS, FRAMEWORKS, Facts, Job, gather

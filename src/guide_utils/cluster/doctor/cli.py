@@ -11,7 +11,9 @@ MultiWorkerMirroredStrategy job needs no Horovod, so a missing Horovod is a prob
 ``--dist horovod``; and only what the job uses is probed (a PyTorch job never imports
 TensorFlow), which keeps the doctor at the top of every batch job quick. Without
 ``--dist`` it checks the whole guide: PyTorch with every kind of distribution, and
-TensorFlow as far as it is there.
+TensorFlow as far as it is there. ``--launch tasks`` (srun starts every rank: the sbatch
+scripts' default) adds that Horovod must have its MPI controller: srun's MPI plugin is how its
+ranks find each other.
 
 The work is split so each part can be tested on its own: :func:`gather` reads the facts
 (``facts``, running the ``probes``), :func:`diagnose` turns facts into warnings and problems
@@ -27,8 +29,8 @@ from ...core.cli import ArgumentParser, one_line_errors
 from ...core.config import PROFILES, make_config
 
 from .diagnosis import diagnose
-from .facts import DEFAULT_LOADER_WORKERS, DISTS, FRAMEWORKS, Job, gather
-from .probes import network_report
+from .facts import DEFAULT_LOADER_WORKERS, DISTS, FRAMEWORKS, LAUNCHES, Job, gather
+from .network import network_report
 from .report import render
 from .tasks import check as check_tasks
 
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the job's framework (default: check the whole guide)")
     parser.add_argument("--dist", choices=sorted({*DISTS["pytorch"], *DISTS["tensorflow"]}),
                         help="the job's --dist; Horovod is needed only for horovod (default: the whole guide)")
+    parser.add_argument("--launch", choices=LAUNCHES,
+                        help="how the job starts its processes (lib/guide.sh's guide_setup): tasks = srun starts "
+                             "each one (Horovod then needs its MPI controller), node = a launcher per node, "
+                             "shell = a launcher in the batch shell")
     parser.add_argument("--loader-workers", type=int, default=None,
                         help=f"DataLoader workers per task you plan to use (default: the --profile's, "
                              f"{DEFAULT_LOADER_WORKERS} for full)")
@@ -59,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                              "job asked for")
     parser.add_argument("--network", action="store_true",
                         help="instead: start NCCL (RCCL) once on this node's GPU with NCCL_DEBUG=INFO and say which "
-                             "network it uses between nodes; exit status 1 when it is TCP sockets where the site's "
-                             "settings expect the libfabric (OFI) plugin")
+                             "network it uses between nodes; exit status 1 when it is TCP sockets where the node "
+                             "(HPE Slingshot: /sys/class/cxi, hsn* interfaces) or the site's settings expect the "
+                             "libfabric (OFI) plugin")
     args = parser.parse_args(argv)
     if args.tasks is not None:
         return check_tasks(args.tasks)
@@ -75,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 
             args.loader_workers = default_loader_workers("cuda")
     job = Job(args.framework or ("pytorch" if args.dist in ("ddp", "none") else
-                                 "tensorflow" if args.dist == "mwms" else None), args.dist, quick=args.quick)
+                                 "tensorflow" if args.dist == "mwms" else None), args.dist, quick=args.quick,
+              launch=args.launch)
     facts = gather(loader_workers=args.loader_workers, job=job)
     diagnosis = diagnose(facts)
     if args.json:

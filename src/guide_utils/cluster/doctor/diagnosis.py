@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...runtime.slurm import SlurmJob
 from .facts import DEFAULT_LOADER_WORKERS, Facts
-from .gpus import gpu_problems
+from .gpus import allocated, gpu_problems, tensorflow_gpu_problems
 from .probes import HOROVOD_BINDINGS
 
 # The versions the guide is tested with: Horovod 0.28.1 builds against TensorFlow 2.15 at most.
@@ -36,6 +36,7 @@ def diagnose(facts: Facts) -> Diagnosis:
         problems += _torch_problems(facts) + gpu_problems(facts.torch, facts.gpu_env)
     if "tensorflow" in probed:
         tf_problems, tf_warnings = _tensorflow_findings(facts)
+        tf_problems += tensorflow_gpu_problems(facts.tensorflow, facts.gpu_env)
         # The whole guide runs without TensorFlow, less chapter 8: only then a warning.
         (warnings if job.whole_guide else problems).extend(tf_problems)
         warnings += tf_warnings
@@ -45,6 +46,11 @@ def diagnose(facts: Facts) -> Diagnosis:
         warnings += hvd_warnings
     if facts.gpus and facts.torch and not facts.torch.get("torch_cuda"):
         warnings.append("GPUs visible but this PyTorch is a CPU-only build")
+    if facts.slingshot and not facts.ofi_plugin and job.dist != "none" and allocated(facts.gpu_env):
+        warnings.append(f"this node is on HPE Slingshot ({facts.slingshot}) but NCCL would find no libfabric (OFI) "
+                        "plugin (libnccl-net.so, RCCL: librccl-net.so; none on LD_LIBRARY_PATH, no NCCL_NET_PLUGIN), "
+                        "so it would use TCP sockets between nodes; load the site's aws-ofi-nccl module, or in an "
+                        "image bind the host's (GUIDE_APPTAINER_NET_LIBS in the site profile)")
     if "slurm" in facts.errors:
         warnings.append(f"the Slurm environment could not be read: {facts.errors['slurm']}")
     if facts.slurm is not None:
@@ -98,8 +104,22 @@ def _horovod_findings(facts: Facts) -> tuple[list[str], list[str]]:
     if hvd["horovod"] != EXPECTED["horovod"]:
         warnings.append(f"Horovod {hvd['horovod']} is not the {EXPECTED['horovod']} this guide is tested with")
     if facts.gpus and hvd["operations"] is not None and not hvd["operations"].get("NCCL"):
-        warnings.append(f"{len(facts.gpus)} GPU(s) visible but Horovod was built without NCCL: gradients "
-                        "will be averaged through host memory; rebuild with HOROVOD_GPU_OPERATIONS=NCCL")
+        # A Horovod job on GPUs would average every gradient through host memory: it runs, slowly.
+        message = (f"{len(facts.gpus)} GPU(s) visible but Horovod was built without NCCL: gradients "
+                   "would be averaged through host memory; rebuild with HOROVOD_GPU_OPERATIONS=NCCL")
+        if job.dist == "horovod":
+            problems.append(f"{message} (docs/usage.md, 'Running on a real cluster'), or use {no_horovod} "
+                            f"(GUIDE_HOROVOD=no in the site profile makes DDP the scripts' default)")
+        else:
+            warnings.append(message)
+    if job.dist == "horovod" and job.launch == "tasks" and hvd["controllers"] and not hvd["controllers"]["MPI"]:
+        # Without MPI, hvd.init() in a task srun started finds no horovodrun rendezvous and makes
+        # a world of one process (Horovod's Gloo context): the ranks train apart, or the world
+        # size check stops them after the queue.
+        problems.append("Horovod was built without MPI, but srun starts this job's ranks through its MPI plugin, "
+                        "which only Horovod's MPI controller joins (each rank would start a world of its own); "
+                        "rebuild Horovod with HOROVOD_WITH_MPI=1 against the site's MPI (horovodrun --check-build "
+                        f"then ticks MPI), or use {no_horovod}")
     return problems, warnings
 
 

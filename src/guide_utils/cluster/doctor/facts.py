@@ -10,14 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ...core.errors import GuideError
+from ...runtime.gpus import COUNTS, DEVICE_LISTS
 from ...runtime.slurm import SlurmJob
-from .gpus import COUNTS, DEVICE_LISTS
+from .network import ofi_plugin, slingshot
 from .probes import HOROVOD_BINDINGS, PROBES, merge_horovod, mpi_version, run_probes
 
 # The guide's DataLoader default (the thesis used 4 loader threads per worker, Appendix 5).
 DEFAULT_LOADER_WORKERS = 4
 FRAMEWORKS = ("pytorch", "tensorflow")
 DISTS = {"pytorch": ("none", "ddp", "horovod"), "tensorflow": ("none", "mwms", "horovod")}
+# How the job starts its processes (lib/guide.sh's guide_setup): srun starts each (tasks), one
+# launcher per node (node), or a launcher in the batch shell (shell: horovodrun, mpirun).
+LAUNCHES = ("tasks", "node", "shell")
 
 
 @dataclass(frozen=True)
@@ -28,10 +32,13 @@ class Job:
     framework: str | None = None
     dist: str | None = None
     quick: bool = False  # probe no framework: only the Slurm job is checked
+    launch: str | None = None  # one of LAUNCHES; None: not said
 
     def __post_init__(self):
         if self.framework is not None and self.framework not in FRAMEWORKS:
             raise GuideError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        if self.launch is not None and self.launch not in LAUNCHES:
+            raise GuideError(f"--launch must be one of {', '.join(LAUNCHES)}, got {self.launch!r}")
         allowed = (DISTS[self.framework or "pytorch"] if self.framework
                    else sorted({*DISTS["pytorch"], *DISTS["tensorflow"]}))
         if self.dist is not None and self.dist not in allowed:
@@ -90,6 +97,8 @@ class Facts:
     loader_workers: int = DEFAULT_LOADER_WORKERS
     omp_num_threads: str | None = None
     gpu_env: dict[str, str] = field(default_factory=dict)  # the variables that give this process GPUs
+    slingshot: str | None = None  # what shows this node is on HPE Slingshot (probes.slingshot); None: not
+    ofi_plugin: str | None = None  # the NCCL/RCCL OFI (libfabric) plugin NCCL would load; None: none found
     job: Job = field(default_factory=Job)
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -101,14 +110,15 @@ class Facts:
 
 
 def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_LOADER_WORKERS,
-           job: Job | None = None) -> Facts:
-    """Read the facts about this machine, the parts of its stack ``job`` uses, and its Slurm
-    job (if any)."""
+           job: Job | None = None, root: str = "/") -> Facts:
+    """Read the facts about this machine (its /sys under ``root``), the parts of its stack
+    ``job`` uses, and its Slurm job (if any)."""
     env = os.environ if env is None else env
     job = job or Job()
     gpu_vars = (*DEVICE_LISTS, *COUNTS)
     facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"), job=job,
-                  gpu_env={k: env[k] for k in gpu_vars if k in env})
+                  gpu_env={k: env[k] for k in gpu_vars if k in env}, slingshot=slingshot(root),
+                  ofi_plugin=ofi_plugin(env, root))
     results = run_probes(job.probes())
     merge_horovod(results)
     for name, (result, error) in results.items():

@@ -1,4 +1,4 @@
-"""The doctor on a GPU node: GPUs the job was given that this PyTorch cannot use.
+"""The doctor on a GPU node: GPUs the job was given that this PyTorch (or TensorFlow) cannot use.
 
 Two ways a GPU job silently trains on the CPU or fails at its first kernel: a PyTorch build
 for no GPU, or for the other vendor (the allocation names GPUs, ``torch.cuda`` sees none),
@@ -24,30 +24,13 @@ CUDA build needs a driver that supports its CUDA major version.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
-from ...runtime.gpus import NO_DEVICES, VISIBLE
+from ...runtime.gpus import VISIBLE, allocated
 
-# Variables that give a process GPUs: device lists (launchers and Slurm's GRES plugin set
-# them), then Slurm's counts. The first that names a GPU is the one the message quotes.
-DEVICE_LISTS = (*VISIBLE, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
-COUNTS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_TASK", "SLURM_GPUS_PER_NODE", "SLURM_GPUS")
 AMD = VISIBLE[1:]
 WHERE = "the Slurm chapter's 'Which PyTorch for which GPU'"
-
-
-def allocated(env: Mapping[str, str]) -> str | None:
-    """``NAME=value`` of the first variable that gives this process a GPU; None if none does."""
-    for name in DEVICE_LISTS:
-        value = env.get(name, "").strip()
-        if value not in NO_DEVICES:
-            return f"{name}={value}"
-    for name in COUNTS:  # "4", "gpu:4", "v100:4", "gpu:a100:2(x2)": any count above zero
-        value = env.get(name, "").strip()
-        if any(int(n) > 0 for n in re.findall(r"(?:^|[:,])(\d+)", value)):
-            return f"{name}={value}"
-    return None
+TF_WHERE = "docs/usage.md, 'Running on a real cluster'"
 
 
 def runs_on(capability: str, arch_list: list[str]) -> bool:
@@ -124,3 +107,17 @@ def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str]) -> list[s
                             f"({' '.join(arch)}): its first kernel fails with 'no kernel image is available'; "
                             f"install a PyTorch built for {cap} (an older CUDA's index) or the site's module ({WHERE})")
     return problems + _rocm_and_driver_problems(torch)
+
+
+def tensorflow_gpu_problems(tf: dict[str, Any] | None, env: Mapping[str, str]) -> list[str]:
+    """Problems: GPUs in the allocation that this TensorFlow (the tensorflow probe's facts) does
+    not see. The guide's lock pins tensorflow-cpu (the laptop and CI set-up), which sees none
+    anywhere: on a GPU job it would train on the CPU, with the RING collective under MWMS."""
+    given = allocated(env)
+    if tf is None or not given or tf.get("gpus"):
+        return []
+    build = tf.get("build") or "unknown"
+    wanted = ("a ROCm build of TensorFlow 2.15 (AMD's tensorflow-rocm)" if given.split("=")[0] in AMD else
+              "tensorflow==2.15.1 (the GPU wheel; its [and-cuda] extra brings CUDA) instead of tensorflow-cpu")
+    return [f"the job has GPUs ({given}) but this TensorFlow {tf['tensorflow']} ({build} build) sees none, so it "
+            f"would train on the CPU; install {wanted} or load the site's TensorFlow module ({TF_WHERE})"]

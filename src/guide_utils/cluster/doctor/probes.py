@@ -1,6 +1,6 @@
 """The doctor's probes: small programs that report a framework's versions and build, each
-run in an interpreter of its own, the MPI on the PATH, and the network NCCL (RCCL) uses
-between nodes (``doctor --network``).
+run in an interpreter of its own, and the MPI on the PATH. (The network NCCL uses between
+nodes, ``doctor --network``, and the node's own network: ``network``.)
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -55,7 +54,9 @@ result = {"torch": torch.__version__, "torchvision": torchvision.__version__,
 import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf, keras
-result = {"tensorflow": tf.__version__, "keras": keras.__version__,
+build = ("CUDA %s" % tf.sysconfig.get_build_info().get("cuda_version", "?") if tf.test.is_built_with_cuda()
+         else "ROCm" if tf.test.is_built_with_rocm() else "CPU-only")  # tensorflow-cpu: CPU-only
+result = {"tensorflow": tf.__version__, "keras": keras.__version__, "build": build,
           "gpus": len(tf.config.list_physical_devices("GPU"))}
 """,
     # Horovod's build flags, and which frameworks' bindings load (FRAMEWORKS is filled in).
@@ -271,105 +272,3 @@ def mpi_version() -> str | None:
         return f"{mpirun} (did not answer --version)"
     first = (out.stdout or out.stderr).strip().splitlines()
     return f"{first[0].strip()} ({mpirun})" if first else mpirun
-
-
-# --- the network NCCL (RCCL) uses between nodes ------------------------------------------------
-# One process creates a one-rank NCCL communicator and runs an allreduce with NCCL_DEBUG=INFO:
-# NCCL then says which network plugin it loaded, or that it found none, and which network it
-# uses ("Using network Socket" is TCP). On a Slingshot site that means the libfabric (OFI)
-# plugin did not load and gradients cross the nodes over TCP, which nothing else reports.
-NCCL_PROBE = """
-import sys, torch
-if not torch.cuda.is_available():
-    print("GUIDE_NO_GPU"); sys.exit(0)
-import torch.distributed as dist
-dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-t = torch.ones(1, device="cuda")
-dist.all_reduce(t)
-torch.cuda.synchronize()
-dist.destroy_process_group()
-"""
-_NCCL_LINES = {  # what NCCL 2.18-2.23 and RCCL print at NCCL_DEBUG=INFO, with the OFI plugin's own lines
-    "library": re.compile(r"\b(NCCL|RCCL) version\s*:?\s*(\d+\.\d+\.\d+)"),
-    "plugin": re.compile(r"NET/Plugin ?: Loaded net plugin (.+?) \(v\d+\)"),
-    "ofi": re.compile(r"NET/OFI (?:Initializing|Using) (aws-ofi-[nr]ccl)\s*(\S*)"),
-    "no_plugin": re.compile(r"NET/Plugin ?: .*(?:No plugin found|Could not find|Plugin load returned)|"
-                            r"Using internal (?:network plugin|implementation)"),
-    "network": re.compile(r"NCCL INFO Using network (.+?)\s*$"),
-}
-SOCKETS = "Socket"
-
-
-def nccl_network(log: str) -> dict[str, Any]:
-    """What an NCCL_DEBUG=INFO log says about the network: the library and its version, the
-    network plugin loaded (None: none; its OFI version where it says), whether NCCL looked for
-    a plugin and found none, and the network NCCL uses (None when it never said)."""
-    found: dict[str, Any] = {"library": None, "version": None, "plugin": None, "ofi": None, "no_plugin": False,
-                             "network": None}
-    for line in log.splitlines():
-        if m := _NCCL_LINES["library"].search(line):
-            found["library"], found["version"] = m.group(1), m.group(2)
-        elif m := _NCCL_LINES["plugin"].search(line):
-            found["plugin"] = m.group(1)
-        elif m := _NCCL_LINES["ofi"].search(line):
-            found["ofi"] = " ".join(filter(None, m.groups()))
-        elif _NCCL_LINES["no_plugin"].search(line):
-            found["no_plugin"] = True
-        elif m := _NCCL_LINES["network"].search(line):
-            found["network"] = m.group(1)
-    return found
-
-
-def expects_plugin(env: Mapping[str, str]) -> bool:
-    """Whether the site's settings say that NCCL should use a network plugin: NCCL_NET or
-    NCCL_NET_PLUGIN named, libfabric's Slingshot (CXI) provider tuned, or the Slingshot
-    interfaces (hsn*) given to NCCL."""
-    return bool(env.get("NCCL_NET") or env.get("NCCL_NET_PLUGIN") or any(k.startswith("FI_CXI_") for k in env)
-                or env.get("NCCL_SOCKET_IFNAME", "").lstrip("=^").startswith("hsn"))
-
-
-def network_problems(found: dict[str, Any], env: Mapping[str, str]) -> list[str]:
-    """PROBLEM lines: TCP sockets (or no network line at all) where the site expects a plugin."""
-    if not expects_plugin(env):
-        return []
-    library = found["library"] or "NCCL"
-    if found["network"] == SOCKETS:
-        why = "it found no network plugin" if found["no_plugin"] else "the plugin it loaded was not used"
-        return [f"{library} uses TCP sockets between nodes ({why}; NCCL_NET={env.get('NCCL_NET', '')!r}), although "
-                f"this site's settings expect the libfabric (OFI) plugin: put the site's aws-ofi plugin "
-                f"(libnccl-net.so, RCCL: librccl-net.so) on LD_LIBRARY_PATH or load its module, and set "
-                f'NCCL_NET="AWS Libfabric" so that NCCL stops instead of falling back']
-    if found["network"] is None:
-        return [f"{library} did not say which network it uses (no 'Using network' line at NCCL_DEBUG=INFO): "
-                f"check the probe's output above"]
-    return []
-
-
-def network_report(env: Mapping[str, str] = os.environ, timeout: float = 180) -> tuple[str, list[str]]:
-    """Run the NCCL probe on this node's first GPU; (report line, PROBLEM lines). On a node
-    without a GPU (or a PyTorch without CUDA/ROCm) there is nothing to check: a line says so."""
-    run_env = {**env, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "PYTHONWARNINGS": "ignore"}
-    try:
-        out = subprocess.run([sys.executable, "-c", NCCL_PROBE], capture_output=True, text=True, env=run_env,
-                             timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "network  NCCL probe did not finish", [f"creating one NCCL communicator took over {timeout:.0f} s"]
-    if "GUIDE_NO_GPU" in out.stdout:
-        return "network  not checked (no GPU here: NCCL needs one)", []
-    return judge_network(out.returncode, out.stdout + out.stderr, env)
-
-
-def judge_network(returncode: int, log: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
-    """The report line and PROBLEM lines of one probe run (its exit status and NCCL's log)."""
-    found = nccl_network(log)
-    if returncode != 0:
-        lines = [line.strip() for line in log.splitlines() if line.strip()]
-        error = next((line for line in lines if " WARN " in line or "Error" in line), lines[-1] if lines else "")
-        return (f"network  {found['library'] or 'NCCL'} {found['version'] or '?'} did not start",
-                [f"one NCCL communicator failed ({error[-160:] or f'exit {returncode}'}); with NCCL_NET="
-                 f"{env.get('NCCL_NET', '')!r} NCCL stops when that plugin does not load: put the site's aws-ofi "
-                 f"plugin on LD_LIBRARY_PATH or load its module (NCCL_DEBUG=INFO shows where NCCL looked)"])
-    plugin = found["plugin"] or ("none" if found["no_plugin"] else "?")
-    ofi = f" ({found['ofi']})" if found["ofi"] else ""
-    return (f"network  {found['library'] or 'NCCL'} {found['version'] or '?'}: {found['network'] or '?'} "
-            f"(net plugin: {plugin}{ofi})", network_problems(found, env))

@@ -30,7 +30,8 @@ def render(facts: Facts, diagnosis: Diagnosis) -> str:
     else:
         rows.append(("torch", skipped))
     tf = facts.tensorflow
-    rows.append(("tensorflow", (f"{tf['tensorflow']} (Keras {tf['keras']})" if tf else "not usable")
+    tf_build = f"; {tf['build']} build" if tf and tf.get("build") else ""
+    rows.append(("tensorflow", (f"{tf['tensorflow']} (Keras {tf['keras']}{tf_build})" if tf else "not usable")
                  if "tensorflow" in probed else skipped))
     h = facts.horovod
     if "horovod" not in probed:
@@ -47,6 +48,8 @@ def render(facts: Facts, diagnosis: Diagnosis) -> str:
     gpus = facts.gpus
     rows.append(("gpus", f"{len(gpus)} x {gpus[0]['name']} ({gpus[0]['memory_gib']} GiB)" if gpus
                  else skipped if facts.job.quick else "none"))
+    if facts.slingshot:
+        rows.append(("network", f"HPE Slingshot ({facts.slingshot}); OFI plugin: {facts.ofi_plugin or 'none found'}"))
     job = facts.slurm
     if job is None:
         rows.append(("slurm job", "none (not inside a Slurm allocation)"))

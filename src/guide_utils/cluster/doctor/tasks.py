@@ -30,9 +30,8 @@ from ...core.cli import ArgumentParser, one_line_errors
 from ...core.errors import GuideError
 from ...runtime import launchers
 from ...runtime.cpus import affinity
-from ...runtime.gpus import device_index, device_variable, usable_devices, visible_devices
+from ...runtime.gpus import allocated, device_index, device_variable, usable_devices, visible_devices
 from ...runtime.slurm import SlurmJob, read_int
-from .gpus import allocated
 
 PROG = "python -m guide_utils task-probe"
 NONE = type(None)
