@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from guide_utils.perf import gpu_records, record
+from guide_utils.perf import gpu_records, record, spread
 
 
 def _stated(value: float, text: str) -> bool:
@@ -86,3 +86,41 @@ def test_the_step_probe_record_before_and_after_the_metrics_change():
     extra = after["calls"]["engine"]["[kernels]"] - after["calls"]["hand"]["[kernels]"]
     assert 1 < extra < 2  # the loss's add every step, the hits' few kernels every 16th
     assert before["us"]["engine"] - before["us"]["no-metrics"] == pytest.approx(329.8)
+
+
+def test_a_target_is_met_only_when_every_paired_round_clears_it():
+    """The ratio of the medians can clear a target that a round missed: 3450 / 3550 = 0.972,
+    while the first round's pair was 3300 / 3600 = 0.917."""
+    line = {"step": "A", "benchmark": "engine_vs_hand_loop", "engine_images_per_second": [3300.0, 3600.0],
+            "hand_images_per_second": [3600.0, 3500.0], "resident_images_per_second": [3700.0, 3700.0]}
+    overhead = {"step": "D", "benchmark": "step_overhead", "engine_us_per_step": [800.0, 700.0, 900.0],
+                "hand_us_per_step": [700.0, 690.0, 600.0], "budget_us": 150.0}
+    s = gpu_records.after_spreads([line, overhead])
+    ratio = s["A"]["engine/hand"]
+    assert 3450 / 3550 > 0.97 and ratio.low == pytest.approx(3300 / 3600) and ratio.high == pytest.approx(3600 / 3500)
+    assert spread.verdict(ratio, 0.97) == "undecided" and spread.verdict(ratio, 0.9) == "met"
+    assert spread.verdict(ratio, 1.05) == "missed"
+    extra = s["D"]["extra_us"]
+    assert extra.values == (100.0, 10.0, 300.0) and extra.median == 100.0 and extra.count_beyond(150) == 1
+    assert spread.verdict(extra, 150, at_most=True) == "undecided"
+    assert spread.verdict(extra, 5, at_most=True) == "missed"
+    assert s["D"]["hand_us"].low == 600.0 and s["A"]["engine/resident"].high == pytest.approx(3600 / 3700)
+    with pytest.raises(ValueError, match="as many of each"):
+        spread.paired([1.0, 2.0], [1.0])
+    assert f"{spread.rounds([2.0]):.1f}" == "2.0 (one round)"
+
+
+def test_every_recorded_gpu_session_ran_the_same_pytorch_on_an_h100():
+    """The book says which PyTorch ran on the H100: not the pinned 2.14.1, in any session."""
+    sessions = gpu_records.sessions()
+    assert len(sessions) == 1 + len(gpu_records.afters())
+    assert {s["torch"] for s in sessions} == {"2.11.0+cu130"}
+    assert {s["gpu"] for s in sessions} == {"NVIDIA H100 80GB HBM3"}
+    assert [s["commit"] for s in sessions][:3] == ["22a266a", "0c1c465", "5e5e3ae"]
+
+
+def test_the_step_probe_keeps_every_round_and_its_medians_are_theirs():
+    for section in gpu_records.step_probe().values():
+        assert len(section["rounds"]) == 5
+        for variant, median in section["us"].items():
+            assert statistics.median(r[variant] for r in section["rounds"]) == pytest.approx(median)

@@ -180,3 +180,19 @@ def test_the_recorded_study_says_where_and_when_and_holds_together():
     for r in (r for r in rows if r["kind"] == "allreduce"):
         assert r["correct"] and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (r["workers"] - 1)
                                                                  / r["workers"], rel=1e-12)
+
+
+def test_each_run_against_every_lone_worker_measurement():
+    """One lone-worker measurement per link: the spread of the three is the noise of one
+    measurement, and every run's figures set against each of them in turn give its range."""
+    first, rows = study.recorded()
+    alone = sorted(r["images_per_second"] for r in rows if r["kind"] == "alone")
+    own = study.table(rows)
+    spread = study.alone_spread(rows).merge(own, on=["link", "setup"])
+    assert len(spread) == len(own) and len(alone) == 3
+    for r in spread.itertuples():
+        assert r.measured_eff_low <= r.measured_eff <= r.measured_eff_high
+        assert r.ratio_measured_low <= r.ratio_measured <= r.ratio_measured_high
+        # the efficiency is the pair's rate over twice a lone worker's: its range is the lone workers'
+        assert r.measured_eff_high / r.measured_eff_low == pytest.approx(alone[-1] / alone[0], rel=1e-9)
+        assert r.images_per_second / (2 * alone[-1]) == pytest.approx(r.measured_eff_low, rel=1e-9)

@@ -1,6 +1,8 @@
 """The device tuning walk (perf.tuning.device_steps, walk): the order, the steps a CPU skips
 and why, and what a step keeps, with a stand-in measurement."""
 
+import pytest
+
 from guide_utils.perf import tuning
 
 
@@ -32,3 +34,22 @@ def test_each_step_is_measured_against_what_was_kept_before_it():
     assert rows == rows_seen and [r["kept"] for r in rows] == [True, False, True]  # 1 % < min_gain; always
     assert [round(r["ratio"], 3) for r in rows] == [1.5, 1.01, 0.5]
     assert "--channels-last" not in seen[-1]  # the dropped switch is not carried on
+
+
+def test_a_walk_measures_its_own_noise_from_the_configurations_it_measured_twice():
+    """A step's before is the previous step's after (kept) or before (dropped): their relative
+    difference is the walk's repeat; a ratio inside its stage's largest repeat is no finding."""
+    def row(stage, step, before, after, kept):
+        return {"stage": stage, "step": step, "before_images_per_second": before,
+                "after_images_per_second": after, "ratio": after / before, "kept": kept}
+
+    rows = [row("compute kernels", "a", 100.0, 200.0, True),
+            row("compute kernels", "b", 220.0, 230.0, True),   # repeats a's after at +10 %
+            row("compute kernels", "c", 230.0, 225.0, False),  # repeats b's after exactly
+            row("input pipeline", "d", 207.0, 50.0, True),     # repeats c's before at -10 % (compute's)
+            row("input pipeline", "e", 60.0, 120.0, True)]     # repeats d's after at +20 %
+    walk = tuning.repeats(rows).set_index("step")
+    assert walk["repeat"].round(3).tolist()[1:] == [0.1, 0.0, -0.1, 0.2]
+    assert walk.loc["a", "noise"] == walk.loc["c", "noise"] == pytest.approx(0.1)  # compute's repeats
+    assert walk.loc["e", "noise"] == pytest.approx(0.2)
+    assert walk["finding"].tolist() == [True, False, False, True, True]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.paths import packaged
+from . import spread
 
 BEFORE = "gpu_h100_2026-11-27.jsonl"
 AFTER = "gpu_h100_after.jsonl"  # the first check; later ones are gpu_h100_after_2.jsonl, ...
@@ -63,17 +64,20 @@ def compile_run():
 
 def step_probe() -> dict[str, dict[str, Any]]:
     """The recorded ``benchmarks/gpu/step_probe.py`` output, by section (``before``,
-    ``after``): ``us`` (median microseconds per step of each loop and variant) and ``calls``
-    (per step, of ``hand`` and ``engine``: ATen ops, kernels, CUDA runtime calls)."""
+    ``after``): ``us`` (median microseconds per step of each loop and variant), ``rounds``
+    (each round's microseconds per step, the variants measured one after the other in it) and
+    ``calls`` (per step, of ``hand`` and ``engine``: ATen ops, kernels, CUDA runtime calls)."""
     import ast
 
     text = packaged("results", "recorded", STEP_PROBE).read_text(encoding="utf-8")
     out: dict[str, dict[str, Any]] = {}
     for part in text.split("\n## ")[1:]:
         name, _, body = part.partition(":")
-        section: dict[str, Any] = {"calls": {}}
+        section: dict[str, Any] = {"calls": {}, "rounds": []}
         for line in body.splitlines():
-            if line.startswith("median us/step "):
+            if line.startswith("round ") and "{" in line:
+                section["rounds"].append(ast.literal_eval(line[line.index("{"):]))
+            elif line.startswith("median us/step "):
                 section["us"] = ast.literal_eval(line.removeprefix("median us/step "))
             elif line.startswith("per step "):
                 loop, _, counts = line.removeprefix("per step ").partition(" ")
@@ -99,6 +103,19 @@ def after():
     """``(provenance, rows)`` of the latest check of the changed engine, or None while none is recorded."""
     checks = afters()
     return checks[-1] if checks else None
+
+
+def sessions() -> list[dict[str, str]]:
+    """Every recorded GPU session, oldest first: its ``date`` (day), ``commit``, the PyTorch
+    that ran (``torch``) and the ``gpu``, read from each record's provenance."""
+    meta, _ = before()
+    out = [{"date": meta["date"], "commit": meta["commit"], "torch": meta["torch"],
+            "gpu": meta["hardware"].split(",")[0]}]
+    for meta, _ in afters():
+        env = dict(line.split(" ", 1) for line in meta["env"] if line.startswith(("torch ", "gpu ")))
+        out.append({"date": meta["date"][:10], "commit": meta["commit"][:7], "torch": env["torch"].split()[0],
+                    "gpu": env["gpu"]})
+    return out
 
 
 def next_after_name() -> str:
@@ -128,6 +145,27 @@ def after_table(rows: list[dict[str, Any]]):
                     "resident": statistics.median(resident) if resident else None,
                     "engine/resident": r.get("ratio_to_resident")})
     return pd.DataFrame(out)
+
+
+def after_spreads(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each engine-against-references line of a GPU check as its rounds measured them, by
+    step: ``engine`` and ``hand`` images/s, and the round-by-round ratios ``engine/hand`` and
+    ``engine/resident`` (``benchmarks/throughput.py`` alternates them: one of each per round),
+    as :class:`~guide_utils.perf.spread.Spread`; the step-overhead line as ``extra_us``, the
+    paired differences of the engine's and the hand loop's microseconds per step, and
+    ``hand_us``."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("benchmark") == "engine_vs_hand_loop":
+            engine, hand, resident = (r["engine_images_per_second"], r["hand_images_per_second"],
+                                      r.get("resident_images_per_second"))
+            out[r["step"]] = {"engine": spread.rounds(engine), "hand": spread.rounds(hand),
+                              "engine/hand": spread.paired(engine, hand),
+                              "engine/resident": spread.paired(engine, resident) if resident else None}
+        elif r.get("benchmark") == "step_overhead":
+            out[r["step"]] = {"extra_us": spread.paired(r["engine_us_per_step"], r["hand_us_per_step"], "difference"),
+                              "hand_us": spread.rounds(r["hand_us_per_step"]), "budget_us": r["budget_us"]}
+    return out
 
 
 def record_check(out: str | Path, dest: str | Path, *, commit: str, allow_smoke: bool = False) -> Path:

@@ -162,6 +162,25 @@ def walk(walk_steps: list[Step], *, repeats: int = 3, min_gain: float = 0.02, ba
     return rows
 
 
+def repeats(rows: list[dict[str, Any]]):
+    """A recorded walk as a table, with what it says about its own noise. Each step's *before*
+    is a configuration measured once already, as the previous step's *after* (or its *before*,
+    when that switch was dropped): ``repeat`` is the relative difference of the two, ``noise``
+    the largest ``|repeat|`` of the step's stage (a stage's first step measures the previous
+    stage's configuration and counts there), and ``finding`` whether the step's ratio lies
+    further from 1 than its stage's noise."""
+    import pandas as pd
+
+    walk = pd.DataFrame(rows)
+    prev = walk.shift(1)
+    same = prev["after_images_per_second"].where(prev["kept"].eq(True), prev["before_images_per_second"])
+    walk["repeat"] = walk["before_images_per_second"] / same - 1
+    measured_in = prev["stage"].fillna(walk["stage"])  # the stage whose configuration was repeated
+    walk["noise"] = walk["stage"].map(walk["repeat"].abs().groupby(measured_in).max()).fillna(0.0)
+    walk["finding"] = (walk["ratio"] - 1).abs() > walk["noise"]
+    return walk
+
+
 def prepare_data(root: Path, *, per_class: int = 512, size: int = 256, image_size: int = 72) -> dict[str, str]:
     """The walk's datasets under ``root``: the JPEG folder (the "shared filesystem" copy), its
     pre-decoded shards, and the shards staged to ``root/local-scratch`` as a job would."""

@@ -136,16 +136,17 @@ def recorded(name: str = RECORDED) -> tuple[dict[str, Any], list[dict[str, Any]]
     return record.read(name)
 
 
-def table(rows: list[dict[str, Any]]):
+def table(rows: list[dict[str, Any]], alone: float | None = None):
     """One row per link and framework: configured and measured link, measured efficiency and
     the model's three predictions, with each prediction's ratio to the measurement, and the
-    link rate the measured step implies (``implied_Mbit``)."""
+    link rate the measured step implies (``implied_Mbit``). Each pair is set against the lone
+    worker measured before its own link's runs, or against ``alone`` images/s when given."""
     import pandas as pd
 
     from ..model import PARAMETERS, Network, Workload, calibrate_network, predict
 
     links = {r["link"]: r for r in rows if r["kind"] == "link"}
-    alone_of = {r["link"]: r["images_per_second"] for r in rows if r["kind"] == "alone"}
+    alone_of = {r["link"]: alone or r["images_per_second"] for r in rows if r["kind"] == "alone"}
     out = []
     for t in (r for r in rows if r["kind"] == "training"):
         link, alone = links[t["link"]], alone_of[t["link"]]
@@ -169,6 +170,21 @@ def table(rows: list[dict[str, Any]]):
                     **{f"predicted_{k}": p.efficiency for k, p in pred.items()},
                     **{f"ratio_{k}": p.efficiency / measured for k, p in pred.items()}})
     return pd.DataFrame(out)
+
+
+def alone_spread(rows: list[dict[str, Any]]):
+    """How far one lone-worker measurement moves each run's figures. The worker alone (the
+    same training on the same core) was measured once per link; :func:`table` set against
+    each of those measurements in turn gives, per link and framework, the lowest and highest
+    measured efficiency (``measured_eff_low``, ``_high``), prediction from the measured link,
+    their ratio and the implied link rate."""
+    import pandas as pd
+
+    runs = [table(rows, alone=r["images_per_second"]) for r in rows if r["kind"] == "alone"]
+    cols = ["measured_eff", "predicted_measured", "ratio_measured", "implied_Mbit"]
+    spread = pd.concat(runs).groupby(["link", "setup"], sort=False)[cols].agg(["min", "max"])
+    spread.columns = [f"{c}_{'low' if how == 'min' else 'high'}" for c, how in spread.columns]
+    return spread.reset_index()
 
 
 def small_messages(rows: list[dict[str, Any]]):
