@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from guide_utils.core.errors import GuideError
+from guide_utils.studies import draws
 from guide_utils.studies import large_batch as lb
 
 CLI = [sys.executable, "-m", "guide_utils", "large-batch"]
@@ -87,9 +88,21 @@ def test_malformed_or_missing_csv_is_one_line(tmp_path):
     assert proc.returncode == 2 and "no large-batch results" in proc.stderr
 
 
+RECORD = "src/guide_utils/results/recorded/large_batch_mnist1d.csv"
+
+
 def test_recorded_study_is_complete_and_labelled():
+    """Ten seeds per point, each once: the tuning runs and seeds 0-4 of the first recording (its
+    runs at one thread; those at two moved to their own file, never counted as draws), and
+    seeds 5-9 added by a resumed session under its own provenance line."""
     table = lb.recorded()
-    source = table.attrs["source"]
+    source, note, added = table.attrs["sources"]
+    assert "2 thread" in note and "large_batch_mnist1d_2threads.csv" in note
+    assert "--seeds 0 5 6 7 8 9 --threads 1 --resume" in added and "1 thread(s) per run" in added
+    assert re.search(r"commit [0-9a-f]{12}( with uncommitted changes)?;", added)
+    lines = (REPO / RECORD).read_text().splitlines()
+    below = lines.index("# " + added)
+    assert {int(line.split(",")[5]) for line in lines[below + 1:]} == {5, 6, 7, 8, 9}
     # The recording names the commit it started from. This one started while the working tree
     # held edits to notebooks and tests, and says so; the engine, configuration and data code
     # are the same at that commit and at the end of the recording (git diff of src/guide_utils
@@ -100,19 +113,25 @@ def test_recorded_study_is_complete_and_labelled():
     if (REPO / ".git").exists():
         known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit.group(1)}^{{commit}}"])
         assert known.returncode == 0, f"commit {commit.group(1)} is not in this repository's history"
-    for needle in ("measured 20", "cores", "AVX", "1 and 2 thread(s) per run", "torch 2.14.1", "timm 1.0.31",
-                   "mnist1d 0.0.2.post1",
-                   "large-batch run --jobs 2 --out src/guide_utils/results/recorded/large_batch_mnist1d.csv"):
+    for needle in ("measured 20", "cores", "AVX", "torch 2.14.1", "timm 1.0.31", "mnist1d 0.0.2.post1",
+                   f"large-batch run --jobs 2 --out {RECORD}"):
         assert needle in source
+    for needle in ("measured 20", "cores", "AVX", "torch 2.14.1", "timm 1.0.31", "mnist1d 0.0.2.post1", "--jobs 2 ",
+                   f"--out {RECORD}"):
+        assert needle in added
     chosen = lb.chosen_lrs(table)
     assert {opt: lr in lb.TUNING[opt] for opt, lr in chosen.items()} == {"sgd": True, "lars": True, "lamb": True}
-    # the tuning runs at the first thread count, every point of the study at each
-    want = sorted([(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed, lb.THREADS[0]) for p in lb.tuning_points()]
-                  + [(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed, t)
-                     for p in lb.sweep_points(chosen) for t in lb.THREADS])
+    # the tuning runs and every point of the study, each seed once, at one thread
+    want = sorted([(p.stage, p.k, p.method, p.optimizer, p.base_lr, p.seed, 1)
+                   for p in lb.tuning_points() + lb.sweep_points(chosen)])
     got = sorted((r.stage, r.k, r.method, r.optimizer, r.base_lr, r.seed, r.threads) for r in table.itertuples())
-    assert got == want and lb.THREADS == (1, 2) and lb.SEEDS == (0, 1, 2, 3, 4)
+    assert got == want and lb.THREADS == (1,) and lb.SEEDS == tuple(range(10))
+    # no two runs of one point share a seed: each is a draw of its own
     study = lb.full_runs(table)
+    assert draws.repeated(study, ["k", "method"]) == []
+    assert (study.groupby(["k", "method"])["seed"].nunique() == 10).all()
+    moved = lb.load(REPO / RECORD.replace(".csv", "_2threads.csv"))
+    assert set(moved["threads"]) == {2} and set(moved["seed"]) == {0, 1, 2, 3, 4} and len(moved) == 45
     assert (study["epochs"] == 20).all() and (lb.tuning(table)["epochs"] == lb.TUNING_EPOCHS).all()
     assert (study["steps_per_epoch"] == lb.TRAIN_SAMPLES // study["global_batch"]).all()
     k = study["global_batch"] / 32

@@ -4,7 +4,7 @@ Training:
   train         the PyTorch engine (also: python -m guide_utils.train)
   train-tf      the TensorFlow/Keras door (also: python -m guide_utils.train_tf)
 Studies:
-  verify        does this machine reproduce the guide? retrain recorded points, check the conclusions
+  verify        does this machine reproduce the guide? train the sweep's points with new seeds, check the conclusions
 On the cluster:
   doctor        what this machine, stack and Slurm job look like, and what will hurt
                 (--tasks FILE: judge the task-probe lines of a job's tasks)

@@ -16,10 +16,12 @@ Summaries show each point's outcome as it is: median, best and worst run, and ho
 ended near the baseline (``outcomes``), not a mean and standard deviation, which hide a run
 that diverged. The baseline is what the study declares (``reference``: the runs whose columns
 hold the given values, the sweeps' ``method = baseline``), and so is the number compared
-(``metric``, an error in %). "Near" is relative: at most ``TOLERANCE`` (half) above the
-baseline's median, a limit that scales with the problem (an absolute point is a 4 % change on
-ImageNet's 25 % error and more than the whole error of a problem below 1 %); the book's
-methods page says why half, from the spread of the baseline's own runs.
+(``metric``, an error in %). "Near" is relative and comes from the baseline's own runs: at
+most its worst run, (1 + ``draws.tolerance``) x its median, a limit that scales with the
+problem (an absolute point is a 4 % change on ImageNet's 25 % error and more than the whole
+error of a problem below 1 %) and is each study's own (the book's methods page says why).
+Every run a summary counts is a draw of its own: a point that holds one seed at several
+thread counts is summarised per thread count (``draws``).
 
 A study is also a command, ``python -m guide_utils NAME``: the module that declares it as
 ``STUDY`` (with its ``help`` line) is found by ``studies.registry``. A study that declares
@@ -39,14 +41,9 @@ from typing import Any, Callable, Sequence
 
 from ..core.cli import ArgumentParser, one_line_errors
 from ..core.errors import GuideError
-from . import study_csv
+from . import draws, study_csv
 from .workers import check_threads, train_all, train_here, train_point
 
-# A run is near the baseline when its error is at most (1 + TOLERANCE) x the baseline's median.
-# Half: every recorded baseline run of the quality sweep lies inside (its worst is 1.49 x its
-# median), so the limit is as wide as the baseline's own seed-to-seed spread and no wider
-# (book/methods.md; tests/test_sweep.py checks it against the record).
-TOLERANCE = 0.5
 METRIC = "best_val_top1_err"  # what the summaries compare: the best top-1 error, as the thesis reports
 BASELINE = (("method", "baseline"),)  # the sweeps' reference runs: (column, value) pairs they all hold
 PROG = "python -m guide_utils"
@@ -94,14 +91,28 @@ class Study:
         return study_csv.read(path, what=self.name, command=self.command, columns=self.columns,
                               dtype={c: str for c in self.text_columns} or None)
 
-    def outcomes(self, table, tolerance: float = TOLERANCE, by: Sequence[str] | None = None):
+    def outcomes(self, table, tolerance: float | None = None, by: Sequence[str] | None = None):
         """``outcomes`` of the study's runs in ``table``, grouped by ``by`` (default: the
         declared ``by``; any columns, ``threads`` among them), against the median of its
-        declared ``reference`` runs (its baseline)."""
+        declared ``reference`` runs (its baseline), with their own ``draws.tolerance`` unless
+        one is given. A table that holds one seed of a point at several thread counts is
+        judged per thread count, each against its own baseline (one seed is one draw)."""
         runs = self.runs(table) if self.runs else table
         by = list(by or self.by or [c for c in self.key if c not in ("seed", "threads")])
-        return outcomes(runs, by, reference_median(runs, self.reference, self.metric),
-                        metric=self.metric, tolerance=tolerance, order=self.order)
+        if "threads" in runs.columns and "threads" not in by and draws.repeated(runs, by):
+            import pandas as pd
+
+            parts = [self._judge(part, by, tolerance).assign(threads=t) for t, part in runs.groupby("threads")]
+            out = pd.concat(parts, ignore_index=True)
+            return _ordered(out[[*by, "threads", *(c for c in out.columns if c not in [*by, "threads"])]],
+                            [*by, "threads"], self.order)
+        return self._judge(runs, by, tolerance)
+
+    def _judge(self, runs, by: list[str], tolerance: float | None):
+        draws.check(runs, by, f"the {self.name} table")
+        base = reference_runs(runs, self.reference, self.metric)
+        return outcomes(runs, by, float(base.median()), metric=self.metric, order=self.order,
+                        tolerance=draws.tolerance(base) if tolerance is None else tolerance)
 
     def format(self, outcomes) -> str:
         """The summary's lines (``format_outcomes``)."""
@@ -253,9 +264,9 @@ def quality(cfg, result, workers: int = 1) -> dict:
             "seconds": round(sum(e["seconds"] for e in result.epochs), 1)}
 
 
-def reference_median(table, reference: Sequence[tuple[str, Any]] = BASELINE, metric: str = METRIC) -> float:
-    """The value every point is judged against: the median ``metric`` of the baseline, the runs
-    whose columns hold the values of ``reference`` (the sweeps': ``method = baseline``)."""
+def reference_runs(table, reference: Sequence[tuple[str, Any]] = BASELINE, metric: str = METRIC):
+    """The baseline's values of ``metric``: the runs whose columns hold the values of
+    ``reference`` (the sweeps': ``method = baseline``)."""
     chosen = True
     for column, value in reference:
         chosen = chosen & (table[column] == value)
@@ -263,26 +274,32 @@ def reference_median(table, reference: Sequence[tuple[str, Any]] = BASELINE, met
     if base.empty:
         where = ", ".join(f"{c} = {v}" for c, v in reference)
         raise GuideError(f"the table has no baseline runs ({where}) to judge the others against; train them too")
-    return float(base.median())
+    return base
 
 
-def baseline_median(table, metric: str = METRIC) -> float:
-    """The median of the sweeps' baseline, the ``method = baseline`` runs (``reference_median``)."""
-    return reference_median(table, BASELINE, metric)
+def reference_median(table, reference: Sequence[tuple[str, Any]] = BASELINE, metric: str = METRIC) -> float:
+    """The value every point is judged against: the median of ``reference_runs``."""
+    return float(reference_runs(table, reference, metric).median())
 
 
-def outcomes(table, by: Sequence[str], reference: float, *, metric: str = METRIC,
-             tolerance: float = TOLERANCE, order: Sequence[str] = ()):
+def outcomes(table, by: Sequence[str], reference: float, *, tolerance: float, metric: str = METRIC,
+             order: Sequence[str] = ()):
     """Each group's outcome as it is, not as a mean: runs, median, best and worst run, and how
     many runs ended near the baseline, at most ``limit`` = (1 + ``tolerance``) x ``reference``
-    (the baseline's median; ``limit`` and ``tolerance`` are columns too). Rows sorted by ``by``,
-    the values of its text columns (methods) in ``order`` (the study's own: baseline first)."""
+    (the baseline's median; ``limit`` and ``tolerance`` are columns too; a study takes its
+    baseline's own, ``draws.tolerance``). Rows sorted by ``by``, the values of its text
+    columns (methods) in ``order`` (the study's own: baseline first)."""
     by = list(by)
-    limit = (1 + tolerance) * reference
+    limit = round((1 + tolerance) * reference, 9)  # the baseline's worst run exactly, not one ulp below it
     g = table.groupby(by, sort=True)[metric]
     out = g.agg(runs="count", median="median", best="min", worst="max").reset_index()
     out["within"] = g.apply(lambda s: int((s <= limit).sum())).to_numpy()
     out["limit"], out["tolerance"] = limit, tolerance
+    return _ordered(out, by, order)
+
+
+def _ordered(out, by: list[str], order: Sequence[str]):
+    """``out`` sorted by ``by``, the values of its text columns (methods) in ``order``."""
     rank = {m: i for i, m in enumerate(order)}
     return out.sort_values(by, key=lambda c: c.map(rank) if rank and c.isin(list(rank)).any() else c,
                            kind="stable").reset_index(drop=True)
