@@ -107,7 +107,8 @@ guide_shared_job "${job_nodes:-0}" "$tasks" && shared=1
 ((shared)) || [[ -z $GUIDE_PARTITION ]] || opts+=(--partition="$GUIDE_PARTITION")
 opts+=(--cpus-per-task="$GUIDE_CPUS_PER_TASK")
 gpu=$(guide_gpu_option "$tasks")  # one GPU per task actually run on a node
-[[ -z $gpu ]] || opts+=("$gpu")
+# (one option or several: "--gpus-per-node=%d --gres=nvme:200" is two)
+[[ -z $gpu ]] || { read -ra gpu_opts <<<"$gpu" && opts+=(${gpu_opts[@]+"${gpu_opts[@]}"}); }
 if ((shared)); then
     opts+=(${GUIDE_SHARED_SBATCH[@]+"${GUIDE_SHARED_SBATCH[@]}"})
 else

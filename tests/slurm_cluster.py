@@ -74,7 +74,9 @@ class SlurmCluster:
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.holder: subprocess.Popen | None = None
         self.conf = self.root / "slurm.conf"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        # GUIDE_FAKE_GPUS: this Slurm's GPUs are device files with nothing behind them, so the
+        # PyTorch engine trains on the CPUs past them in its jobs (it refuses to on a real site).
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf), "GUIDE_FAKE_GPUS": "1"}
         self.node_timeout = 60.0
         self._sampler: threading.Thread | None = None
         self._sampling = threading.Event()
@@ -198,7 +200,15 @@ class SlurmCluster:
     def _namespace(self) -> None:
         """Start the process that holds the daemons' mount namespace: private mounts (nothing
         propagates to the host), /etc/hosts replaced by a copy that maps the node names and
-        this host's name to loopback. It ends, and the mounts with it, after the daemons."""
+        this host's name to loopback, and a /dev/shm of its own. It ends, and the mounts with
+        it, after the daemons.
+
+        The jobs' own /dev/shm: every test Slurm numbers its jobs from the same first id, and
+        two OpenMPI steps of the same job and step id (same PMIx namespace, so same MPI job
+        id) on this one host name their shared-memory segments alike. In a shared /dev/shm a
+        step of another test Slurm running at the same time (another session's, another
+        test run's) attached to the other's segments and its first collective waited forever
+        (issue 56: chapter 9's Horovod on Slurm engines at 0 % for 20 minutes)."""
         names = " ".join([*NODES, socket.gethostname(), socket.gethostname().split(".")[0]])
         hosts = self.root / "hosts"
         hosts.write_text(f"127.0.0.1 {names}\n" + Path("/etc/hosts").read_text())
@@ -206,7 +216,8 @@ class SlurmCluster:
         log = open(self.root / "log" / "namespace.stdout", "w")
         self.holder = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-             'mount --bind "$1" /etc/hosts && : >"$2" && exec sleep infinity', "sh", str(hosts), str(ready)],
+             'mount --bind "$1" /etc/hosts && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && : >"$2" && '
+             'exec sleep infinity', "sh", str(hosts), str(ready)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_for(ready.exists, 10, "the mount namespace for the daemons did not come up")
 

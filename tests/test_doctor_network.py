@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from guide_utils.cluster.doctor import Job, diagnose, gather, render
-from guide_utils.cluster.doctor.network import (expects_plugin, judge_network, nccl_network, network_problems,
-                                                ofi_plugin, slingshot)
+from guide_utils.cluster.doctor.network import (expects_plugin, infiniband, judge_network, nccl_network,
+                                                network_problems, ofi_plugin, slingshot)
 
 SLINGSHOT = {"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "FI_CXI_DISABLE_HOST_REGISTER": "1"}
 
@@ -133,6 +133,36 @@ def test_slingshot_is_recognised_by_the_node_not_by_the_profile(tmp_path):
     assert network_problems(nccl_network(LOGS["2.23 ofi"]), {}, slingshot(cray)) == []
     line, [problem] = judge_network(0, LOGS["2.21 sockets"], {}, slingshot(hsn_only))
     assert line == "network  NCCL 2.21.5: Socket (net plugin: none; HPE Slingshot: interfaces hsn0)"
+
+
+def _rdma(root: Path, device: str, layer: str, state: str = "4: ACTIVE") -> Path:
+    """A stand-in for an RDMA device of a node's /sys/class/infiniband, with one port."""
+    port = root / "sys/class/infiniband" / device / "ports/1"
+    port.mkdir(parents=True)
+    (port / "link_layer").write_text(f"{layer}\n")
+    (port / "state").write_text(f"{state}\n")
+    return root
+
+
+def test_sockets_on_an_infiniband_node_are_a_problem(tmp_path):
+    """An InfiniBand node (an active port of link layer InfiniBand) with no profile settings:
+    NCCL should say "Using network IB" by itself, so TCP sockets are a PROBLEM naming the node's
+    devices and what turns IB off. A RoCE or Ethernet-mode NIC (listed there too), or a port that
+    is down, is not InfiniBand; and IB itself is no problem."""
+    ib_node = _rdma(_node(tmp_path / "ib", "lo", "ib0"), "mlx5_0", "InfiniBand")
+    _rdma(ib_node, "mlx5_1", "Ethernet")
+    roce = _rdma(tmp_path / "roce", "mlx5_0", "Ethernet")
+    down = _rdma(tmp_path / "down", "mlx5_0", "InfiniBand", "1: DOWN")
+    assert (infiniband(ib_node), infiniband(roce), infiniband(down), infiniband(tmp_path / "none")) == (
+        "devices mlx5_0", None, None, None)
+    for name in ("2.18 sockets", "2.21 sockets"):
+        [problem] = network_problems(nccl_network(LOGS[name]), {"NCCL_IB_DISABLE": "1"}, None, infiniband(ib_node))
+        assert problem.startswith("NCCL uses TCP sockets between nodes although this node is on InfiniBand "
+                                  "(devices mlx5_0), which NCCL uses by itself (network IB)"), problem
+        assert "NCCL_IB_DISABLE ('1')" in problem and "libibverbs" in problem and "\n" not in problem
+        assert network_problems(nccl_network(LOGS[name]), {}, None, infiniband(roce)) == []
+    line, problems = judge_network(0, LOGS["2.18 sockets"].replace("Socket", "IB"), {}, None, infiniband(ib_node))
+    assert problems == [] and line == "network  NCCL 2.18.5: IB (net plugin: none; InfiniBand: devices mlx5_0)"
 
 
 def test_the_plugin_is_looked_for_where_nccl_looks(tmp_path):

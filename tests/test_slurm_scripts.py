@@ -137,6 +137,51 @@ def test_a_command_the_warning_cannot_reach_is_refused_or_warned_about_before_it
     assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
+@pytest.mark.parametrize("command, launcher", [
+    (["accelerate", "launch", "--num_processes", "4", "train.py"], "accelerate"),
+    (["deepspeed", "--num_gpus", "4", "train.py"], "deepspeed"),
+    (["uv", "run", "python", "train.py"], "uv run"),
+])
+def test_a_launcher_by_another_name_in_the_command_is_refused_before_it_queues(command, launcher):
+    """accelerate launch and deepspeed start their own processes (the warning would reach them,
+    not the training), and uv run would sync the environment in every task: one line, nothing
+    submitted. A flag's value that names one (--backend deepspeed) is the program's own."""
+    script = str(EXAMPLES / "16_your_own_script.sbatch")
+    out = _submit("ci", "--dry-run", script, "--", *command)
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: the command starts {launcher}"), line
+    out = _submit("ci", "--dry-run", script, "--", "python", "train.py", "--backend", command[0])
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def _site(tmp_path: Path, request: str) -> str:
+    """The CI profile with another GPU request, as a profile file of its own."""
+    path = tmp_path / "site.sh"
+    path.write_text((EXAMPLES / "sites/ci.sh").read_text() + f"GUIDE_GPU_REQUEST='{request}'\n")
+    return str(path)
+
+
+def test_a_gpu_request_of_several_options_reaches_sbatch_as_several(tmp_path):
+    """"--gpus-per-node=%d --gres=nvme:200" (the form guide.sh's comment gives): two sbatch
+    options, not one argument with a space in it, which sbatch would refuse."""
+    out = _submit(_site(tmp_path, "--gpus-per-node=%d --gres=nvme:200"), "--dry-run",
+                  str(EXAMPLES / "03_multi_node_horovod.sbatch"))
+    assert out.returncode == 0, out.stderr
+    words = shlex.split(out.stdout)
+    assert "--gpus-per-node=2" in words and "--gres=nvme:200" in words, out.stdout
+
+
+@pytest.mark.parametrize("request_", ["--gpus=%d", "-G %d", "--gres=nvme:1 --gpus=%d"])
+def test_a_gpu_request_for_the_whole_job_is_refused_in_one_line(tmp_path, request_):
+    """--gpus counts the job's GPUs in all, which Slurm may place unevenly on a job's nodes."""
+    out = _submit(_site(tmp_path, request_), "--dry-run", str(EXAMPLES / "03_multi_node_horovod.sbatch"))
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert f"GUIDE_GPU_REQUEST='{request_}'" in line and "asks for the job's GPUs in all (--gpus)" in line, line
+    assert "--gpus-per-node=%d" in line and "--gpus-per-task=1" in line, line
+
+
 def test_the_site_must_be_named():
     """No default site: without GUIDE_SITE, submit.sh stops with one line naming it and the
     shipped profiles (a job sbatch'ed directly does the same at its first line, tested on
@@ -550,6 +595,70 @@ def test_the_warning_scan_looks_through_wrappers_and_spares_the_batch_shell_the_
             proc.wait()
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_the_warning_spares_the_stream_filters_of_a_wrappers_pipeline(tmp_path):
+    """`bash train.sh` whose script runs `python train.py | tee log`: the wrapper is looked
+    through to its program alone; tee, a filter of the pipeline, is not signalled (it would die of
+    USR1, and the program of a broken pipe before it saved)."""
+    fake = tmp_path / "fake.py"
+    fake.write_text(FAKE_ENGINE)
+    (tmp_path / "train.sh").write_text(f'"{sys.executable}" -S "{fake}" "$1" | tee "$2"\n')
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    job = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GUIDE_"))}, "SLURM_JOB_ID": "77"}
+    wrapper = subprocess.Popen(["bash", str(tmp_path / "train.sh"), str(tmp_path / "child"), str(tmp_path / "log")],
+                               env=job, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "ready" not in ((tmp_path / "log").exists() and (tmp_path / "log").read_text() or ""):
+            assert time.monotonic() < deadline, "the wrapper's program never started"
+            time.sleep(0.05)
+        (tee,) = [p for p in _children(wrapper.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "tee"]
+        match, _ = _source_guide_plain(f"guide_command_match bash {shlex.quote(str(tmp_path / 'train.sh'))} x y")
+        out, _ = _source_guide_plain(f"{_srun_here(empty)}\nguide_signal_training USR1", SLURM_JOB_ID="77",
+                                     SLURM_JOB_NUM_NODES="1", SLURMD_NODENAME="node7", GUIDE_SIGNAL_MATCH=match.strip())
+        assert out == "== node7: USR1 sent to 1 training process(es)\n" and _wait_for(tmp_path / "child")
+        time.sleep(0.5)  # time for a wrong signal to land too
+        assert Path(f"/proc/{tee}").exists() and wrapper.poll() is None
+    finally:
+        os.killpg(wrapper.pid, signal.SIGKILL)
+        wrapper.wait()
+
+
+def test_a_warning_that_matches_nothing_goes_to_the_srun_of_the_training_tasks(tmp_path):
+    """A script that execs a program its command does not name (`bash train.sh` doing `exec
+    python train.py`) leaves no process to match: where the tasks are an srun's, that srun (a
+    stand-in here) gets the warning, and srun passes it on to the programs its tasks became.
+    Where the scan found the training, or no srun is named, nothing else is signalled."""
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    fake = tmp_path / "fake.py"
+    fake.write_text(FAKE_ENGINE)
+    job = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": "node7"}
+    stand_in = subprocess.Popen([sys.executable, "-S", str(fake), str(tmp_path / "srun")], stdout=subprocess.PIPE,
+                                text=True, env={**os.environ, **job})
+    try:
+        assert stand_in.stdout.readline() == "ready\n"
+        scan = f"{_srun_here(empty)}\nguide_signal_training USR1"
+        out, _ = _source_guide_plain(scan, GUIDE_SIGNAL_MATCH="^nothing-runs-this( |$)", **job)
+        assert out == "== node7: USR1 sent to 0 training process(es)\n"  # no srun named: nothing more
+        matched = f"^([^ ]*/)?python[0-9.]*( -[^ ]+)* {re.escape(str(fake))}( |$)"
+        out, _ = _source_guide_plain(f"{scan} {stand_in.pid}", GUIDE_SIGNAL_MATCH=matched, **job)
+        assert out == "== node7: USR1 sent to 1 training process(es)\n" and _wait_for(tmp_path / "srun")
+        (tmp_path / "srun").unlink()  # the scan's own signal; the srun got none besides
+        out, _ = _source_guide_plain(f"{scan} {stand_in.pid}", GUIDE_SIGNAL_MATCH="^nothing-runs-this( |$)", **job)
+        assert out.splitlines() == ["== node7: USR1 sent to 0 training process(es)",
+                                    "== no process matched the training command; USR1 sent to its srun, which "
+                                    "passes it on to its tasks"]
+        assert _wait_for(tmp_path / "srun")
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
 def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_image():
     """apptainer_env.sh (before `apptainer exec --cleanenv`): libfabric's (FI_*), Cray MPICH's,
     ROCm's (HSA_*, MIOPEN_*) and NCCL's settings and PYTHONUNBUFFERED reach the image; the
@@ -751,6 +860,33 @@ def test_one_launcher_per_node_sees_every_gpu_of_its_node_where_gpus_are_asked_p
     assert "--gres=gpu:8" in step and srun_gpu_binding(step, two, version).endswith(":none"), step
     step = _node_step("--gpus-per-node=%d")
     assert "--gres=gpu:4" in step and "--gpu-bind=none" not in step and srun_gpu_binding(step, {}, version) == ""
+
+
+@pytest.mark.parametrize("version, job_env, request_, expected", [
+    ("22.05", {"SLURM_GPUS_PER_TASK": "1"}, "--gpus-per-task=1", "--cpus-per-task=16 --gres=gpu:4 --gpu-bind=none"),
+    ("23.02", {"SLURM_GPUS_PER_TASK": "1"}, "--gpus-per-task=1", "--cpus-per-task=16 --gres=gpu:4 --gpu-bind=none"),
+    ("22.05", {}, "--gpus-per-node=%d", "--cpus-per-task=16"),  # per node: every rank sees the node's GPUs
+    ("23.11", JOB_ENV["23.11"], "--gpus-per-task=1", "--external-launcher"),  # Slurm's own step for mpirun
+])
+def test_mpiruns_daemon_step_asks_for_the_nodes_gpus_where_gpus_are_asked_per_task(tmp_path, version, job_env,
+                                                                                   request_, expected):
+    """mpirun in the batch shell (03, 16 with LAUNCHER=mpirun) starts one daemon per node with a
+    plain srun, which would inherit the job's per-task request and binding: one GPU for all the
+    node's ranks. Before 23.11 its srun line (OMPI_/PRTE_MCA_plm_slurm_args) asks for the node's."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "slurm {version}.4"\n')
+    (bin_dir / "srun").chmod(0o755)
+    site = "OMPI_MCA_plm_slurm_args=--external-launcher " if version == "23.11" else ""
+    script = (f"export SLURM_JOB_ID=5 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=2 SLURM_CPUS_PER_TASK=4 {site}; "
+              f"GUIDE_SITE_FILE=x GUIDE_GPU_REQUEST='{request_}' GUIDE_EXEC=() GUIDE_DIST=horovod GUIDE_LAUNCH=shell "
+              'GUIDE_SRUN_MPI=pmix; guide_task_options; echo "$OMPI_MCA_plm_slurm_args"; '
+              'echo "${PRTE_MCA_plm_slurm_args:-unset}"')
+    out, _ = _source_guide_plain(script, PATH=f"{bin_dir}:{os.environ['PATH']}", **job_env)
+    ompi, prte = out.splitlines()
+    assert ompi == expected and prte == (expected if version != "23.11" else "unset")
+    if "--gpu-bind=none" in expected:
+        assert srun_gpu_binding(ompi.split(), job_env, version).endswith(":none")
 
 
 @pytest.mark.parametrize("node, job, threads", [

@@ -74,6 +74,84 @@ def test_the_door_refuses_to_train_on_the_cpu_when_the_job_has_gpus(tmp_path, mo
     check_gpus({"CUDA_VISIBLE_DEVICES": "", "SLURM_GPUS_ON_NODE": "0"}, 0, "2.15.1", "CPU-only")  # a CPU job
 
 
+# The launcher-related variables a stand-in environment replaces (pytest may run inside a job).
+LAUNCH_PREFIXES = ("SLURM", "OMPI_", "PMIX_", "PMI_", "HOROVOD_", "TF_CONFIG", "CUDA_VISIBLE", "ROCR_", "HIP_",
+                   "JSM_", "LSB_", "PBS_", "MPI_LOCAL", "LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_", "TORCHELASTIC")
+
+
+def _fake_gpus(monkeypatch, env: dict[str, str], count: int) -> tuple[list[str], dict]:
+    """This process under a launcher's ``env`` with ``count`` GPUs TensorFlow lists (stand-ins):
+    the GPUs, and what the code under test made visible and grew (``seen``)."""
+    import tensorflow as tf
+
+    for name in [n for n in os.environ if n.startswith(LAUNCH_PREFIXES)]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    gpus = [f"/physical_device:GPU:{i}" for i in range(count)]
+    seen: dict = {"visible": [], "growth": []}
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: list(gpus) if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda d, kind=None: seen["visible"].append((d, kind)))
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda d, on: seen["growth"].append(d))
+    return gpus, seen
+
+
+def test_mwms_tasks_of_a_node_that_sees_every_gpu_each_take_their_own(monkeypatch):
+    """srun --ntasks-per-node=4 with --gpus-per-node=4 (or --gpu-bind=none): each task sees the
+    node's 4 GPUs and TensorFlow has listed them before the resolver could set CUDA_VISIBLE_DEVICES,
+    so the task pins the one of its local rank itself; the resolver gives each worker one GPU."""
+    import tensorflow as tf
+
+    from guide_utils.tensorflow import runtime
+
+    task = {"SLURMD_NODENAME": "guide-n2", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "guide-n[1-2]",
+            "SLURM_JOB_NUM_NODES": "2", "SLURM_LOCALID": "2", "SLURM_NODEID": "1", "SLURM_NTASKS": "8",
+            "SLURM_NTASKS_PER_NODE": "4", "SLURM_PROCID": "6", "SLURM_STEPID": "0", "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NODELIST": "guide-n[1-2]", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "8",
+            "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_GPUS_ON_NODE": "4",
+            "SLURM_JOB_GPUS": "0,1,2,3"}
+    gpus, seen = _fake_gpus(monkeypatch, task, 4)
+    built = {}
+
+    class Strategy:  # the real one would open its gRPC server and wait for the other workers
+        num_replicas_in_sync = 8
+
+        def __init__(self, cluster_resolver, communication_options):
+            built["spec"] = cluster_resolver.cluster_spec().as_dict()
+            built["accelerators"] = cluster_resolver.num_accelerators()
+
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Strategy)
+    dist = runtime._init_mwms()
+    assert seen == {"visible": [(gpus[2], "GPU")], "growth": [gpus[2]]}
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # the resolver set no device list behind TensorFlow's back
+    assert built["accelerators"] == {"GPU": 1} and len(built["spec"]["worker"]) == 8
+    assert (dist.rank, dist.size) == (6, 8)
+
+
+def test_horovod_task_bound_to_its_own_gpu_takes_the_one_it_sees(monkeypatch):
+    """srun --gpus-per-task=1 (bound): local rank 1 sees one GPU, its own; it takes GPU 0 of its
+    list instead of failing on gpus[1]. Where it sees the node's two GPUs, it takes the second."""
+    from types import ModuleType
+
+    from guide_utils.tensorflow import runtime
+
+    hvd = ModuleType("horovod.tensorflow.keras")
+    hvd.init, hvd.size, hvd.rank, hvd.local_rank = (lambda: None), (lambda: 2), (lambda: 1), (lambda: 1)
+    top, tf_mod = ModuleType("horovod"), ModuleType("horovod.tensorflow")
+    top.tensorflow, tf_mod.keras = tf_mod, hvd
+    for name, module in (("horovod", top), ("horovod.tensorflow", tf_mod), ("horovod.tensorflow.keras", hvd)):
+        monkeypatch.setitem(sys.modules, name, module)
+    rank1 = {"HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2",
+             "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", "HOROVOD_HOSTNAME": "localhost",
+             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+             "HOROVOD_GLOO_RENDEZVOUS_PORT": "65365"}
+    for count, taken in ((1, 0), (2, 1)):
+        gpus, seen = _fake_gpus(monkeypatch, rank1, count)
+        dist = runtime._init_horovod()
+        assert seen == {"visible": [(gpus[taken], "GPU")], "growth": [gpus[taken]]}
+        assert (dist.rank, dist.size, dist.local_rank) == (1, 2, 1)
+
+
 @pytest.mark.slow
 def test_learning_rate_of_every_batch_follows_lr_at(tmp_path):
     """Gradual warmup over 1 epoch, drops at epochs 2 and 3: the optimizer's rate at each

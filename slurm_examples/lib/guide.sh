@@ -55,6 +55,9 @@ guide_check_site() {
     [[ -z $GUIDE_GPU_REQUEST || $GUIDE_GPU_REQUEST == *%d* || $GUIDE_GPU_REQUEST == *per-task* ]] ||
         guide_die "GUIDE_GPU_REQUEST='$GUIDE_GPU_REQUEST' in $file needs %d where the GPUs per node go" \
                   "(e.g. --gres=gpu:v100:%d), or must be a per-task request (e.g. --gpus-per-task=1)"
+    [[ ! $GUIDE_GPU_REQUEST =~ (^|[[:space:]])(--gpus[=[:space:]]|-G) ]] ||
+        guide_die "GUIDE_GPU_REQUEST='$GUIDE_GPU_REQUEST' in $file asks for the job's GPUs in all (--gpus), which Slurm" \
+                  "may spread unevenly over the nodes; ask per node (--gpus-per-node=%d) or per task (--gpus-per-task=1)"
     [[ -z ${GUIDE_MODULE_PURGE:-} || $GUIDE_MODULE_PURGE == yes || $GUIDE_MODULE_PURGE == no ]] ||
         guide_die "GUIDE_MODULE_PURGE='$GUIDE_MODULE_PURGE' in $file must be yes or no (or unset: no)"
     [[ $GUIDE_TRAIN_PROFILE == smoke || $GUIDE_TRAIN_PROFILE == full ]] ||
@@ -333,6 +336,12 @@ guide_slurm_version() {
     fi
 }
 
+# Whether Slurm VERSION (MAJOR.MINOR; empty: unknown, taken as 22.05) is older than MAJOR.MINOR.
+guide_slurm_before() {  # VERSION MAJOR.MINOR
+    local a=${1:-22.05}
+    ((10#${a%%.*} * 100 + 10#${a#*.} < 10#${2%%.*} * 100 + 10#${2#*.}))
+}
+
 # The variables that give srun steps the job's CPUs per task, for Slurm VERSION (MAJOR.MINOR;
 # empty: unknown, taken as 22.05), CPUS per task, TASKS per node and the LAUNCH kind, one
 # NAME=value a line. What srun reads differs by version (Slurm's CHANGELOG/slurm-22.05.md and
@@ -365,10 +374,12 @@ guide_task_options() {
     # without it, a site that binds tasks to cores gives each training process (and its data
     # loaders) ONE CPU. Threaded libraries use what the task has, unless the profile says otherwise.
     local mpi=() nodes=${SLURM_JOB_NUM_NODES:-1} per_node=$((${SLURM_NTASKS:-1} / ${SLURM_JOB_NUM_NODES:-1})) line
+    local version name
+    version=$(guide_slurm_version)
     if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
         while read -r line; do
             [[ -z $line ]] || export "${line?}"
-        done < <(guide_srun_cpu_env "$(guide_slurm_version)" "$SLURM_CPUS_PER_TASK" "$per_node" "$GUIDE_LAUNCH")
+        done < <(guide_srun_cpu_env "$version" "$SLURM_CPUS_PER_TASK" "$per_node" "$GUIDE_LAUNCH")
         export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(guide_omp_threads "$SLURM_CPUS_PER_TASK")}
     fi
     if [[ $GUIDE_DIST == horovod && $GUIDE_LAUNCH == tasks ]]; then
@@ -409,6 +420,15 @@ guide_task_options() {
     # (arg_set_gpu_bind). (slurmstepd also drops a binding for a step of one task on a node, mgr.c;
     # the step says so itself rather than rely on that.)
     [[ -z $per_task && ${SLURM_TRES_BIND:-} != *gpu* && -z ${SLURM_GPU_BIND:-} ]] || node_gpu_bind=(--gpu-bind=none)
+    # mpirun in this shell starts its daemons by a plain srun of one task per node, which inherits
+    # the same per-task request and binding (one GPU a node for all its ranks): before 23.11 (from
+    # then on Slurm makes it an --external-launcher step) its srun line gets the node's request too.
+    if [[ $GUIDE_LAUNCH == shell && ${#node_gpus[@]} -gt 0 && ${#node_gpu_bind[@]} -gt 0 ]] &&
+        guide_slurm_before "$version" 23.11; then
+        for name in OMPI_MCA_plm_slurm_args PRTE_MCA_plm_slurm_args; do
+            export "$name=${!name:+${!name} }${node_gpus[0]} --gpu-bind=none"
+        done
+    fi
     local node_bind=()
     mapfile -t node_bind < <(guide_node_cpu_bind "$per_node")
     GUIDE_SRUN_NODES=(--kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1
@@ -566,12 +586,23 @@ GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf
 # through a shell wrapper to the program it runs. --overlap lets the step run beside the
 # training step. The step has a time limit of its own (1 minute, Slurm's smallest): the batch
 # shell waits for it inside its USR1 trap, and a scan that does not end (one once spun for 10
-# minutes) would hold the job until its time limit, unrequeued.
-guide_signal_training() {
-    srun --overlap --time=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+# minutes) would hold the job until its time limit, unrequeued. Where no node found a process
+# to signal and the training processes are the tasks of an srun (SRUN_PID, this shell's child:
+# a script that execs a program its command does not name), that srun gets the signal and
+# passes it on to its tasks, the programs they have become.
+guide_signal_training() {  # SIGNAL [SRUN_PID]
+    local out status=0 line sent=0
+    out=$(srun --overlap --time=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
         --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/signal_node.sh" "$1" "$SLURM_JOB_ID" \
-        "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" "${SLURMD_NODENAME:-${HOSTNAME%%.*}}:$$" ||
-        echo "== could not signal every node (srun exit $?)" >&2
+        "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" "${SLURMD_NODENAME:-${HOSTNAME%%.*}}:$$") || status=$?
+    [[ -z $out ]] || printf '%s\n' "$out"
+    ((status == 0)) || echo "== could not signal every node (srun exit $status)" >&2
+    while read -r line; do
+        [[ ! $line =~ \ sent\ to\ ([0-9]+)\ training ]] || sent=$((sent + BASH_REMATCH[1]))
+    done <<<"$out"
+    if ((status == 0 && sent == 0)) && [[ -n ${2:-} ]] && kill "-$1" "$2" 2>/dev/null; then
+        echo "== no process matched the training command; $1 sent to its srun, which passes it on to its tasks"
+    fi
 }
 
 # Where in a training command (its words as arguments) the program to warn is, as KIND INDEX:
@@ -644,6 +675,18 @@ guide_command_check() {
         esac
     done
     read -r kind i < <(guide_command_target "$@")
+    local args=("$@") j
+    for ((j = 0; j <= i; j++)); do  # launchers by another name, among the wrappers before the program
+        case ${args[j]##*/}:${args[j + 1]:-} in
+            deepspeed:* | accelerate:launch | accelerate-launch:*)
+                guide_die "the command starts ${args[j]##*/} itself, a launcher: give the training command alone" \
+                          "(LAUNCHER=srun or torchrun starts it), or Slurm's time-limit warning reaches ${args[j]##*/}, not your training" ;;
+            uv:run)
+                guide_die "the command starts uv run, which would sync the environment in every task at once and" \
+                          "stand between the warning and your training: give the command alone (the site profile's" \
+                          "GUIDE_SOFTWARE, e.g. GUIDE_VENV=.venv, sets up the environment)" ;;
+        esac
+    done
     local words=("${@:i+1}")
     if [[ $kind != program && ${words[1]:-} == -c ]]; then
         guide_die "'${words[0]} -c CODE': the time-limit warning finds your program by its script, which a command" \
@@ -658,8 +701,8 @@ guide_command_check() {
     [[ $kind != python && -f $file ]] || return 0
     line=$(grep -I -n -m 1 -E '^[[:space:]]*exec[[:space:]]+[^[:space:]<>&-]' "$file" 2>/dev/null) || return 0
     echo "warning: $file execs another program (line ${line%%:*}: ${line#*:}), which the time-limit warning" \
-         "finds only if the command names it: write it after $file (./select_gpu python train.py ...), or set" \
-         "GUIDE_SIGNAL_MATCH" >&2
+         "finds only if the command names it (or, with LAUNCHER=srun, through srun): write it after $file" \
+         "(./select_gpu python train.py ...), or set GUIDE_SIGNAL_MATCH" >&2
 }
 
 # A reader's command as torchrun takes it, one argument per NUL-terminated item: torchrun
@@ -691,16 +734,19 @@ guide_regex_literal() {
 # the job then requeues itself and its next start resumes from that checkpoint. The command
 # is printed first: the job log says exactly what ran.
 guide_run_requeueable() {
-    local pid status usr1=0 warned=0
+    local pid status usr1=0 warned=0 tasks=
     # Training started now would be warned at once, checkpoint and requeue, again and again.
     [[ -z ${GUIDE_EARLY_WARNING:-} ]] ||
         guide_die "Slurm's time-limit warning came before the training started: the job's --time leaves no time" \
                   "to train after the set-up and the warning (#SBATCH --signal); submit it with a longer --time"
     printf '== launch:'; printf ' %q' "$@"; printf '\n'
     # Listening before the start: a warning just after it still reaches the training.
-    trap 'usr1=1 warned=1; echo "== USR1: time limit near, asking the training to checkpoint"; guide_signal_training USR1' USR1
+    trap 'usr1=1 warned=1; echo "== USR1: time limit near, asking the training to checkpoint"; guide_signal_training USR1 $tasks' USR1
     "$@" &
     pid=$!
+    # srun's tasks are the training processes (not a launcher per node, torchrun, which dies of it)
+    # (16's own commands: the engine's processes always match GUIDE_ENGINE_MATCH)
+    [[ ${1##*/} != srun || ${GUIDE_LAUNCH:-} != tasks || -z ${GUIDE_SIGNAL_MATCH:-} ]] || tasks=$pid
     while :; do
         usr1=0 status=0
         wait "$pid" || status=$?

@@ -8,7 +8,9 @@
 # (arguments joined by spaces) matches the extended regular expression MATCH and whose
 # environment has SLURM_JOB_ID=JOB_ID. A matched shell (`bash train.sh`: a wrapper that runs
 # your program as its child) is not signalled, bash would die of it: its nearest descendants
-# that are not shells are, your program. Never signalled, whatever MATCH says: this scan (its
+# that are not shells are, your program, but not the stream filters of its pipelines (`python
+# train.py | tee log`: tee would die of the signal, and your program of the broken pipe before
+# it saved). Never signalled, whatever MATCH says: this scan (its
 # pid), the batch shell (PID, on node NODE: the one that asked) and the job's scratch holder
 # (lib/stage_node.sh hold, whose step carries GUIDE_SCRATCH_HOLDER in its environment). Prints
 # how many it signalled: none means that MATCH does not fit the training command.
@@ -20,6 +22,7 @@ sig=$1 job=$2 match=$3 node=${SLURMD_NODENAME:-${HOSTNAME%%.*}}
 skip=" $$ "
 [[ ${4%%:*} != "$node" ]] || skip+="${4#*:} "
 shell='^(ba|da|z|k)?sh$'
+filter='^(tee|cat|grep|egrep|fgrep|sed|awk|gawk|mawk|logger|less|more|head|tail|ts)$'
 
 # A process's command line as words, in `words`. A read that fails leaves w as it was: w is
 # emptied after each word, so that a process that ends while it is read (every later read
@@ -72,7 +75,11 @@ if ((${#shells[@]})); then
     while ((${#queue[@]})); do
         for child in ${kids[${queue[0]}]:-}; do
             [[ $skip != *" $child "* ]] || continue
-            if [[ ${first[$child]##*/} =~ $shell ]]; then queue+=("$child"); else targets+=("$child"); fi
+            if [[ ${first[$child]##*/} =~ $shell ]]; then
+                queue+=("$child")
+            elif [[ ! ${first[$child]##*/} =~ $filter ]]; then
+                targets+=("$child")
+            fi
         done
         queue=("${queue[@]:1}")
     done

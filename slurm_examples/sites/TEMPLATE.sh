@@ -47,7 +47,10 @@ GUIDE_APPTAINER_NET_LIBS=() # optional, apptainer (an array): the host's libfabr
                             # show` of the site's libfabric and aws-ofi-nccl modules; bound into the image
                             # at the same paths and put on its LD_LIBRARY_PATH. The image has no plugin and
                             # no libfabric built for Slingshot: left empty there, NCCL uses TCP sockets
-                            # between the nodes (the doctor says so)
+                            # between the nodes (the doctor says so). Cray's libfabric also needs the
+                            # host's libcxi.so.1 and other libraries from /usr/lib64 (`ldd` on its
+                            # libfabric.so lists them): name those files, not /usr/lib64 itself, which
+                            # would put all the host's system libraries before the image's
 GUIDE_DATASET_ARCHIVE=""    # tar on the shared filesystem; empty: the training profile's own data
 GUIDE_DATASET_NAME=""       # folder inside the archive with train/ and val/
 GUIDE_TRAIN_PROFILE=full    # full (ResNet-50, 90 epochs) | smoke (small model, seconds)

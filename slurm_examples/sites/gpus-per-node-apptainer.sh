@@ -25,7 +25,9 @@ GUIDE_SHARED_SBATCH=(--partition=gpu --mem-per-gpu=60G)
 GUIDE_HOROVOD=no
 # TensorFlow in the image is the lock's tensorflow-cpu (guide.def; the OCI image has none): 08 on GPUs
 # stops at the doctor. Its network: no NCCL OFI plugin, no libfabric built for Slingshot; on HPE Slingshot name
-# the host's here (folders or files, from `module show` of the site's modules), e.g.
-# GUIDE_APPTAINER_NET_LIBS=(/opt/cray/libfabric/VERSION/lib64 /opt/aws-ofi-nccl/lib)  # placeholders
+# the host's here (folders or files, from `module show` of the site's modules; Cray's libfabric also
+# needs the host's libcxi.so.1 and the other /usr/lib64 files `ldd` on its libfabric.so lists, named
+# one by one: all of /usr/lib64 would shadow the image's own libraries), e.g.
+# GUIDE_APPTAINER_NET_LIBS=(/opt/cray/libfabric/VERSION/lib64 /opt/aws-ofi-nccl/lib /usr/lib64/libcxi.so.1)  # placeholders
 GUIDE_APPTAINER_NET_LIBS=()
 GUIDE_OUTPUT=/scratch/my_project/$USER/guide  # placeholder: run records and checkpoints on the project's scratch

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import GuideError
-from ..runtime.gpus import device_index
+from ..runtime.gpus import VISIBLE, allocated, device_index
 from ..runtime import launchers
 from . import hvd_wait
 
@@ -162,7 +162,8 @@ class Dist:
 
 
 def _pick_device(local_rank: int):
-    """This rank's device: its own GPU when there are GPUs, else the CPU.
+    """This rank's device: its own GPU when there are GPUs, else the CPU (refused where the job
+    gave this process GPUs that this PyTorch does not see: ``refuse_cpu_on_gpus``).
 
     >>> _pick_device(0).type in ("cpu", "cuda")
     True
@@ -175,7 +176,26 @@ def _pick_device(local_rank: int):
         index = device_index(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
+    refuse_cpu_on_gpus(os.environ, torch.__version__, torch.version)
     return torch.device("cpu")
+
+
+def refuse_cpu_on_gpus(env, torch_version: str, version) -> None:
+    """Refuse, in one line, to train on the CPU when the job gave this process GPUs (``env``
+    names them: ``runtime.gpus.allocated``) that this PyTorch does not see (a CPU-only wheel, the
+    other vendor's build; ``version`` is ``torch.version``): what the doctor stops, here also where
+    the job's doctor ran --quick (GUIDE_DOCTOR=quick). Only the tests' Slurm's GPUs, device files
+    with nothing behind them, are trained past on the CPU: that Slurm (tests/slurm_cluster.py)
+    gives its jobs GUIDE_FAKE_GPUS=1."""
+    given = allocated(env)
+    if not given or env.get("GUIDE_FAKE_GPUS") == "1":
+        return
+    build = (f"ROCm {version.hip}" if getattr(version, "hip", None) else
+             f"CUDA {version.cuda}" if getattr(version, "cuda", None) else "CPU-only")
+    wanted = "a ROCm build of PyTorch" if given.split("=")[0] in VISIBLE[1:] else "a PyTorch built for these GPUs"
+    raise GuideError(f"the job has GPUs ({given}) but this PyTorch {torch_version} ({build} build) sees none; "
+                     f"refusing to train on the CPU: install {wanted} or load the site's PyTorch module (the Slurm "
+                     "chapter's 'Which PyTorch for which GPU'), or run a job without GPUs")
 
 
 def _init_horovod(fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None) -> Dist:

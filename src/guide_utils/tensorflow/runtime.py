@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..core.errors import GuideError
-from ..runtime.gpus import VISIBLE, allocated
+from ..runtime.gpus import VISIBLE, allocated, device_index
 
 MIN_TF, MAX_TF = (2, 9), (2, 15)
 DISTS = ("none", "horovod", "mwms")
@@ -134,11 +134,22 @@ def _init_horovod() -> TFDist:
                          "HOROVOD_WITH_TENSORFLOW=1 (scripts/setup.sh does), or use --dist mwms") from None
     hvd.init()
     launcher.check_world(hvd.size(), "Horovod")
+    _pin_gpu(hvd.local_rank())
+    return TFDist("horovod", hvd.rank(), hvd.size(), hvd.local_rank(), hvd=hvd)
+
+
+def _pin_gpu(local_rank: int) -> list:
+    """Make this process see one GPU, the one its local rank takes (``runtime.gpus.device_index``,
+    the PyTorch side's rule: its own where each task sees every GPU of the node, GPU 0 where each
+    sees only its own); the GPUs this process saw before, [] on CPUs."""
+    import tensorflow as tf
+
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    return TFDist("horovod", hvd.rank(), hvd.size(), hvd.local_rank(), hvd=hvd)
+        gpu = gpus[device_index(local_rank, len(gpus))]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    return gpus
 
 
 def _init_mwms() -> TFDist:
@@ -152,21 +163,20 @@ def _init_mwms() -> TFDist:
 
     if "TF_CONFIG" in os.environ:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        gpus = tf.config.list_physical_devices("GPU")
     else:
-        job = launchers.require("mwms").job
-        # Each task gets port_base + its index on the node; the base follows the job id,
-        # like the PyTorch rendezvous, so two jobs sharing a node do not collide.
-        if job.gpus_per_node:
-            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-                port_base=job.master_port + 1000, gpus_per_node=job.gpus_per_node)
-        else:
-            # The resolver pairs every task with GPU ids and lists no task without one: on
-            # CPU nodes give it one notional GPU per task and keep it from setting
-            # CUDA_VISIBLE_DEVICES.
-            per_node = max(job.tasks_per_node or [job.step_ntasks or job.ntasks])
-            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-                port_base=job.master_port + 1000, gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
-    gpus = tf.config.list_physical_devices("GPU")
+        launcher = launchers.require("mwms")
+        job = launcher.job
+        # The resolver's own GPU placement writes CUDA_VISIBLE_DEVICES, too late: TensorFlow has
+        # already listed the GPUs (init's check), so every task of a node would take GPU 0. Each
+        # task pins its GPU itself; the resolver, told of one GPU per task (one notional GPU on
+        # CPU nodes: it lists no task without one), only names the workers. Each task gets
+        # port_base + its index on the node; the base follows the job id, like the PyTorch
+        # rendezvous, so two jobs sharing a node do not collide.
+        gpus = _pin_gpu(launcher.local_rank)
+        per_node = max(job.tasks_per_node or [job.step_ntasks or job.ntasks])
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=job.master_port + 1000, gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
     impl = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
             else tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(

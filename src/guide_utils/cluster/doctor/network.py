@@ -17,7 +17,8 @@ from typing import Any, Mapping
 # Slingshot's network cards show up as CXI devices (/sys/class/cxi/cxi0, ...) and as the hsn0...
 # interfaces (/sys/class/net, which `ip link` lists). NCCL (RCCL) reaches Slingshot only through
 # the libfabric (OFI) plugin, aws-ofi-nccl (aws-ofi-rccl): without it, NCCL talks TCP over the
-# hsn interfaces, whatever the site profile says. The node is asked, not the profile.
+# hsn interfaces, whatever the site profile says. The node is asked, not the profile. On an
+# InfiniBand node NCCL needs no plugin ("Using network IB"): TCP sockets there are as wrong.
 PLUGINS = ("libnccl-net*.so*", "librccl-net*.so*")
 LIBRARY_DIRS = ("/usr/lib64", "/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
                 "/usr/local/lib", "/usr/local/lib64")
@@ -32,6 +33,23 @@ def slingshot(root: str | os.PathLike = "/") -> str | None:
         return f"CXI devices {','.join(cxi)}"
     hsn = sorted(p.name for p in (sys_class / "net").glob("hsn*"))
     return f"interfaces {','.join(hsn)}" if hsn else None
+
+
+def infiniband(root: str | os.PathLike = "/") -> str | None:
+    """What shows that this node is on InfiniBand (its /sys under ``root``): its RDMA devices with
+    an active port whose link layer is InfiniBand (RoCE and Ethernet-mode NICs are listed there
+    too, and are not); None when it has none. NCCL uses InfiniBand itself ("Using network IB")."""
+    found = []
+    for device in sorted(Path(root, "sys", "class", "infiniband").glob("*")):
+        for port in sorted((device / "ports").glob("*")):
+            try:
+                layer, state = (port / "link_layer").read_text().strip(), (port / "state").read_text().strip()
+            except OSError:
+                continue
+            if layer == "InfiniBand" and state.endswith("ACTIVE"):
+                found.append(device.name)
+                break
+    return f"devices {','.join(found)}" if found else None
 
 
 def ofi_plugin(env: Mapping[str, str], root: str | os.PathLike = "/") -> str | None:
@@ -108,13 +126,19 @@ def expects_plugin(env: Mapping[str, str], node: str | None = None) -> str | Non
     return None
 
 
-def network_problems(found: dict[str, Any], env: Mapping[str, str], node: str | None = None) -> list[str]:
+def network_problems(found: dict[str, Any], env: Mapping[str, str], node: str | None = None,
+                     ib: str | None = None) -> list[str]:
     """PROBLEM lines: TCP sockets (or no network line at all) where the node or the site expects
-    a plugin."""
+    a plugin, and TCP sockets on an InfiniBand node (``ib``: what :func:`infiniband` found)."""
     reason = expects_plugin(env, node)
-    if not reason:
-        return []
     library = found["library"] or "NCCL"
+    if not reason:
+        if ib and found["network"] == SOCKETS:
+            return [f"{library} uses TCP sockets between nodes although this node is on InfiniBand ({ib}), which "
+                    f"NCCL uses by itself (network IB): leave NCCL_IB_DISABLE ({env.get('NCCL_IB_DISABLE', '')!r}) "
+                    f"and NCCL_NET ({env.get('NCCL_NET', '')!r}) unset, and give NCCL libibverbs (rdma-core) and "
+                    f"/dev/infiniband (in an image: the host's, bound in by the site profile)"]
+        return []
     if found["network"] == SOCKETS:
         why = "it found no network plugin" if found["no_plugin"] else "the plugin it loaded was not used"
         return [f"{library} uses TCP sockets between nodes ({why}; NCCL_NET={env.get('NCCL_NET', '')!r}), although "
@@ -140,13 +164,14 @@ def network_report(env: Mapping[str, str] = os.environ, timeout: float = 180, ro
         return "network  NCCL probe did not finish", [f"creating one NCCL communicator took over {timeout:.0f} s"]
     if "GUIDE_NO_GPU" in out.stdout:
         return "network  not checked (no GPU here: NCCL needs one)", []
-    return judge_network(out.returncode, out.stdout + out.stderr, env, slingshot(root))
+    return judge_network(out.returncode, out.stdout + out.stderr, env, slingshot(root), infiniband(root))
 
 
 def judge_network(returncode: int, log: str, env: Mapping[str, str], node: str | None = None,
-                  ) -> tuple[str, list[str]]:
+                  ib: str | None = None) -> tuple[str, list[str]]:
     """The report line and PROBLEM lines of one probe run (its exit status and NCCL's log) on a
-    node that is on Slingshot (``node``: what :func:`slingshot` found) or not (None)."""
+    node that is on Slingshot (``node``: what :func:`slingshot` found) or not (None), on
+    InfiniBand (``ib``: what :func:`infiniband` found) or not."""
     found = nccl_network(log)
     if returncode != 0:
         lines = [line.strip() for line in log.splitlines() if line.strip()]
@@ -157,6 +182,6 @@ def judge_network(returncode: int, log: str, env: Mapping[str, str], node: str |
                  f"plugin on LD_LIBRARY_PATH or load its module (NCCL_DEBUG=INFO shows where NCCL looked)"])
     plugin = found["plugin"] or ("none" if found["no_plugin"] else "?")
     ofi = f" ({found['ofi']})" if found["ofi"] else ""
-    on = f"; HPE Slingshot: {node}" if node else ""
+    on = (f"; HPE Slingshot: {node}" if node else "") + (f"; InfiniBand: {ib}" if ib else "")
     return (f"network  {found['library'] or 'NCCL'} {found['version'] or '?'}: {found['network'] or '?'} "
-            f"(net plugin: {plugin}{ofi}{on})", network_problems(found, env, node))
+            f"(net plugin: {plugin}{ofi}{on})", network_problems(found, env, node, ib))
