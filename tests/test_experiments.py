@@ -145,6 +145,23 @@ def test_local_launch_commands(launcher, head):
     assert argv[0].endswith(launcher) and argv[1:1 + len(head)] == head and argv[-2:] == ["--dist", "x"]
 
 
+@pytest.mark.multiprocess
+def test_a_checked_horovodrun_launches_the_same_without_its_build_check(tmp_path):
+    """check-script's runs after its first: the same horovodrun arguments, started by the
+    wrapper that skips the build check (a TensorFlow import in a forked interpreter), and
+    the workers still get Horovod's ranks."""
+    from guide_utils.runtime.launch import command
+
+    plain, checked = (command("horovodrun", 2, "guide_utils.train", [], checked=c) for c in (False, True))
+    assert checked[:3] == [sys.executable, "-m", "guide_utils.runtime.horovodrun"] and checked[3:] == plain[1:]
+    probe = 'import os; open(os.environ["HOROVOD_RANK"], "w").write(os.environ["HOROVOD_SIZE"])'
+    out = subprocess.run([*checked[:checked.index(sys.executable, 3)], sys.executable, "-c", probe], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted((p.name, p.read_text()) for p in tmp_path.iterdir()) == [("0", "2"), ("1", "2")]
+    assert "tensorflow" not in (out.stdout + out.stderr).lower()  # no framework imported by the launcher
+
+
 LOOPBACK_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "OMPI_MCA_btl_tcp_if_include",
                  "OMPI_MCA_oob_tcp_if_include")
 

@@ -55,14 +55,18 @@ def require_launcher(dist: str, env: Mapping[str, str] | None = None):
     return launcher.started_by(), launcher.job
 
 
-def command(launcher: str, workers: int, module: str, args: list[str], forward: Sequence[str] = ()) -> list[str]:
+def command(launcher: str, workers: int, module: str, args: list[str], forward: Sequence[str] = (),
+            checked: bool = False) -> list[str]:
     """The argv that starts ``workers`` copies of ``python -m module args``; ``forward``:
     the names of variables every worker must get from the caller's environment (mpirun
-    passes only those it is told to its ranks; the other launchers pass them all)."""
+    passes only those it is told to its ranks; the other launchers pass them all).
+    ``checked``: an earlier horovodrun of the caller's started this Horovod, so horovodrun
+    skips its build check (guide_utils.runtime.horovodrun); the other launchers have none."""
     python = [sys.executable, "-m", module, *args]
     if launcher == "horovodrun":
         lo = ["--network-interface", loopback_interface() or "lo"]
-        return [str(BIN / "horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *lo, *python]
+        horovodrun = [sys.executable, "-m", f"{__package__}.horovodrun"] if checked else [str(BIN / "horovodrun")]
+        return [*horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *lo, *python]
     if launcher == "mpirun":
         mpirun = shutil.which("mpirun")
         if mpirun is None:
@@ -75,8 +79,16 @@ def command(launcher: str, workers: int, module: str, args: list[str], forward: 
     raise GuideError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
 
 
+# The launchers that have started workers in this process: a later horovodrun skips the build
+# check the first one made (``command(checked=True)``); a notebook launches several in a row.
+_STARTED: set[str] = set()
+
+
 def run(launcher: str, workers: int, module: str, args: list[str], *, timeout: float = 900,
         echo: str | None = "[train]") -> subprocess.CompletedProcess:
     """Launch and wait; print rank 0's lines that start with ``echo``; one-line error on failure
     (``local.run``, the guide's one way of running a command, without printing it)."""
-    return run_here(command(launcher, workers, module, args), timeout=timeout, echo=echo, show=False)
+    argv = command(launcher, workers, module, args, checked=launcher in _STARTED)
+    proc = run_here(argv, timeout=timeout, echo=echo, show=False)
+    _STARTED.add(launcher)  # reached only when the launch succeeded
+    return proc

@@ -85,8 +85,8 @@ def tf_config(workers: int, host: str = "localhost") -> list[dict[str, str]]:
 def _name(argv: Sequence[str]) -> str:
     """What the error message calls a command: ``horovodrun``, ``python -m guide_utils``, ``python x.py``."""
     w = words(argv)
-    if w[0] == "python" and len(w) > 2 and w[1] == "-m":
-        return f"python -m {w[2]}"
+    if w[0] == "python" and len(w) > 2 and w[1] == "-m":  # horovodrun minus its build check reads as itself
+        return "horovodrun" if w[2].endswith(".runtime.horovodrun") else f"python -m {w[2]}"
     if w[0] == "python" and len(w) > 1:
         return f"python {Path(w[1]).name}"
     return Path(w[0]).name

@@ -109,7 +109,8 @@ def _say(quiet: bool):
 
 def _launch(ctx: dict, name: str, cwd: str, **settings) -> runs.Run:
     run = runs.launch(ctx["launcher"], ctx["workers"], ctx["script"], ctx["args"], ctx["folder"], name,
-                      ctx["folder"] / cwd, {"steps": ctx["steps"], **settings}, ctx["timeout"])
+                      ctx["folder"] / cwd, {"steps": ctx["steps"], **settings}, ctx["timeout"],
+                      checked=ctx.get("checked", False))
     ends = sorted({r.end["pos"] for r in run.ranks.values() if r.end})
     threads = sorted({e["threads"] for r in run.ranks.values() for e in r.of("start")})
     crash = resume.died(run)
@@ -227,6 +228,7 @@ def _check(ctx: dict, report: Report, lr: float | None, warmup: float | None, re
     unbroken = _launch(ctx, "unbroken", "unbroken")
     if _broken(unbroken, report):
         return
+    ctx["checked"] = True  # its launcher got the script to train: the later runs skip horovodrun's build check
     report.verdicts += [verdicts.broadcast(unbroken), verdicts.data(unbroken), verdicts.reshuffle(unbroken),
                         verdicts.lockstep(unbroken), verdicts.gradients(unbroken),
                         verdicts.learning_rate(unbroken, lr, warmup), verdicts.checkpoints(unbroken)]

@@ -156,14 +156,15 @@ def _watch(proc: subprocess.Popen, folder: Path, name: str, timeout: float, prog
 
 
 def launch(launcher: str, workers: int, script: Path, args: list[str], folder: Path, name: str,
-           cwd: Path, settings: dict, timeout: float, progress=None) -> Run:
-    """One run of the script, in ``cwd``, its records in ``folder`` under ``name``."""
+           cwd: Path, settings: dict, timeout: float, progress=None, checked: bool = False) -> Run:
+    """One run of the script, in ``cwd``, its records in ``folder`` under ``name``. ``checked``:
+    an earlier run's launcher started this Horovod, so horovodrun skips its build check."""
     cwd.mkdir(parents=True, exist_ok=True)
     out_path = folder / f"{name}.launcher.log"
     start = time.monotonic()
     with open(out_path, "w") as out:
-        proc = subprocess.Popen(launcher_command(launcher, workers, PROBE, [str(script), *args]), cwd=cwd,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(launcher_command(launcher, workers, PROBE, [str(script), *args], checked=checked),
+                                cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=environment(folder, name, settings), start_new_session=True)
         try:
             stopped = _watch(proc, folder, name, timeout, progress)
