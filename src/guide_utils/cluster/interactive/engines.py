@@ -31,6 +31,10 @@ reason shown meanwhile; ``timeout`` counts from the job's start. ``ports`` keeps
 controller's engine-facing ports in a given range (a firewall's). MPI engines spread over an
 allocation's nodes talk over the nodes' interface, on one host over loopback.
 
+No silent hang: a training that stops getting anywhere (an engine dead, frozen or never
+started, the launcher ended, an epoch past its deadline) stops the cluster and says so in
+one line naming the engine and its last output (``watch``; ``train(deadlines=...)``).
+
 Clean-up: leaving the ``with`` block (normally, by an exception or an interrupt), the
 kernel's exit (a finalizer) and a restart stop the controller, the engines and their Slurm
 job. A kernel killed outright is covered by two watchdogs (``cluster.watchdog``).
@@ -46,7 +50,6 @@ import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.config import TrainConfig
@@ -56,12 +59,14 @@ from ...runtime.slurm import without_outer_job
 from .. import watchdog
 
 # The parts, a module each: the checks and what the engines start with (launch), clean-up
-# (cleanup), following rank 0 (follow) and what runs on the engines (remote).
+# (cleanup), following rank 0 (follow), what ends a run that hangs (watch) and what runs on
+# the engines (remote).
 from .cleanup import Resources, cleanup, job_state, queue_info
-from .follow import Follower, QueueLine, follow, in_notebook
+from .follow import Follower, InteractiveResult, QueueLine, follow, in_notebook, results
 from .launch import (connection_info, controller_address, controller_endpoint, controller_engine_ports,
                      engine_environment, engine_port_spec, mpiexec_args, require_ipyparallel, require_mpi)
 from .remote import run_on_engine, whoami
+from .watch import STACKS_ON_SIGNAL as STACKS, STACKS_WAIT, Deadlines, Engine, Watch, ask_for_stacks, last_line
 
 ENGINE_KINDS = ("mpi", "slurm")
 # Seconds for the engines to register once they run (for Slurm engines: once their job has
@@ -77,32 +82,6 @@ ENGINE_PORTS_NEEDED = 9
 HEARTBEAT_MISSES = 10
 # Seconds for registered engines to answer who they are (once asked again).
 IDENTIFY_WAIT = 30.0
-
-
-@dataclass
-class InteractiveResult:
-    """One training on the engines: every rank's result, rank 0 first."""
-
-    dist: str
-    results: list = field(default_factory=list)  # engine.loop.RunResult per rank
-
-    @property
-    def workers(self) -> int:
-        return len(self.results)
-
-    @property
-    def record_path(self) -> Path:
-        return Path(self.results[0].record_path)
-
-    @property
-    def digests(self) -> list[str]:
-        return [r.weights_digest for r in self.results]
-
-    @property
-    def run(self):
-        from ...core.records import read_run
-
-        return read_run(self.record_path)
 
 
 class EngineCluster:
@@ -145,7 +124,9 @@ class EngineCluster:
         self.log_path: Path | None = None
         self._res: Resources | None = None
         self._finalizer = None
-        self._ranks: list[int] = []  # engine ids in MPI rank order
+        self.last_watch: Watch | None = None  # the last training's: its deadlines, when it found a problem
+        self._engines: list[Engine] = []  # MPI rank order
+        self._ranks: list[int] = []  # their engine ids
         self._hosts: list[str] = []
 
     def __enter__(self) -> "EngineCluster":
@@ -222,7 +203,7 @@ class EngineCluster:
         endpoint = controller_endpoint(info)
         self.engine_ports = controller_engine_ports(info)
         env = engine_environment(self.engines, self.n)
-        beats = [f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}"]
+        beats = [f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}", f"--IPEngine.startup_command={STACKS}"]
         if self.engines == "mpi":
             cluster.start_engines_sync(self.n, environment=env, engine_args=beats,
                                        mpi_args=self.mpi_args if self.mpi_args is not None else mpiexec_args())
@@ -281,24 +262,27 @@ class EngineCluster:
                     line.update(*info)
             time.sleep(0.25)
 
-    def _engines_ended(self, res: Resources) -> str | None:
+    def _engines_ended(self, res: Resources | None) -> str | None:
+        """How the engines' launcher ended (mpiexec's exit and last line; the Slurm job's
+        state), or None while it runs."""
+        if res is None or res.cluster is None:
+            return "the cluster was stopped"
         if self.engines == "mpi":
             es = res.cluster.engine_set
-            return f"ended (mpiexec exited: {es.stop_data})" if es is not None and es.state == "after" else None
-        return None if job_state(self.job_id) else "ended: the job left the queue"
+            if es is None or es.state != "after":
+                return None
+            return f"ended (mpiexec exited: {es.stop_data}; its last line: {last_line(es.get_output(remove=False))})"
+        state = job_state(self.job_id)
+        if state in ("RUNNING", "COMPLETING"):
+            return None
+        return f"ended: Slurm job {self.job_id} is {state}" if state else "ended: the job left the queue"
 
     def _not_up(self, res: Resources, reason: str) -> GuideError:
         """Print the tail of the engines' log; the one-line error that names job, log and likely cause."""
         up = len(res.client.ids)
-        if self.engines == "mpi":
-            tail = (res.cluster.engine_set.get_output(remove=False) if res.cluster.engine_set else "") or ""
-            where, log = "MPI engines (mpiexec)", "their output"
-        else:
-            tail = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
-            state = job_state(self.job_id) or "gone"
-            where, log = f"engines of Slurm job {self.job_id} ({state})", f"its log {self.log_path}"
-        lines = tail.strip().splitlines()[-15:] or ["(empty: the job has not started)"]
-        print(f"--- the last lines of {log}:\n" + "\n".join(lines), flush=True)
+        where = "MPI engines (mpiexec)" if self.engines == "mpi" else \
+            f"engines of Slurm job {self.job_id} ({job_state(self.job_id) or 'gone'})"
+        log = self._show_output(res, 15)
         hint = ""
         from ...runtime.slurm import SlurmJob
 
@@ -308,6 +292,23 @@ class EngineCluster:
             hint = f"; engines on other nodes cannot reach {self.controller_ip}: pass controller_ip='0.0.0.0'"
         return GuideError(f"{up} of the {self.n} {where} {reason}; see {log} (above), the controller address "
                           f"{self.controller_ip}{hint}, and raise timeout= if the engines start slowly")
+
+    def _show_output(self, res: Resources | None, lines: int) -> str:
+        """Print the last ``lines`` of the engines' output (mpiexec's; the Slurm job's log);
+        what it is called."""
+        es = res.cluster.engine_set if res is not None and res.cluster is not None else None
+        path = Path(es.output_file) if self.engines == "mpi" and es is not None and es.output_file else self.log_path
+        tail = path.read_text(errors="replace") if path and path.exists() else ""
+        log = "their output" if self.engines == "mpi" else f"its log {self.log_path}"
+        shown = tail.strip().splitlines()[-lines:] or ["(empty: the job has not started)"]
+        print(f"--- the last lines of {log}:\n" + "\n".join(shown), flush=True)
+        return log
+
+    def _stacks(self) -> str:
+        """Every engine's threads' stacks, into its output and shown (a run that hangs); where."""
+        ask_for_stacks(self._engines, self.job_id)
+        time.sleep(STACKS_WAIT)
+        return f"{self._show_output(self._res, 120)} above, with every engine's stacks"
 
     def _identify(self, res: Resources) -> None:
         from ipyparallel.error import TimeoutError as NoAnswer
@@ -324,20 +325,24 @@ class EngineCluster:
                     raise self._not_up(res, f"registered but did not answer within {2 * IDENTIFY_WAIT:.0f} s") \
                         from None
         ranks = sorted(zip(ids, info, strict=True), key=lambda pair: pair[1][0])
-        sizes = {size for _, (_, size, _) in ranks}
+        sizes = {size for _, (_, size, *_) in ranks}
         if sizes != {self.n}:
             raise GuideError(f"the {self.n} engines are not one MPI world (sizes {sorted(sizes)}): their launcher "
                              "started each alone; check the site's GUIDE_SRUN_MPI (srun --mpi=list)")
-        self._ranks = [eid for eid, _ in ranks]
-        self._hosts = [host for _, (_, _, host) in ranks]
+        self._engines = [Engine(eid, rank, host, pid) for eid, (rank, _, host, pid) in ranks]
+        self._ranks = [e.eid for e in self._engines]
+        self._hosts = [e.host for e in self._engines]
 
     def train(self, cfg: TrainConfig, *, live: bool | None = None, progress: bool = True,
-              timeout: float | None = None) -> InteractiveResult:
+              timeout: float | None = None, deadlines: Deadlines | None = None) -> InteractiveResult:
         """Run ``guide_utils.engine.train(cfg)`` on every engine, as one ``cfg.dist`` job.
 
         Rank 0's lines are printed as they come, under a progress bar over the epochs; with
         ``live`` (default: inside a notebook) its run record is drawn after every epoch.
-        Interrupting stops the cluster: engines inside a collective cannot be reused.
+        Interrupting stops the cluster: engines inside a collective cannot be reused. So does
+        a run that stops getting anywhere (an engine dead, frozen or never started; the
+        launcher ended; an epoch past its deadline, ``deadlines``: see ``watch``), in one line
+        naming the engine and its last output; ``timeout`` bounds the whole run.
         """
         if not self.running:
             raise GuideError("the cluster is not running: call start() first, or use it in a with block")
@@ -353,27 +358,16 @@ class EngineCluster:
             rendezvous = (host, client[self._ranks[0]].apply_sync(free_port, host))
         ar = client[self._ranks].apply_async(run_on_engine, cfg, rendezvous)
         follower = Follower(cfg, self.n, in_notebook() if live is None else live, progress)
+        where = "their output" if self.engines == "mpi" else f"the engines' log {self.log_path}"
+        watch = self.last_watch = Watch(self._engines, deadlines or Deadlines(), lambda: self._engines_ended(self._res),
+                                        where, timeout, on_hang=self._stacks)
         try:
-            follow(ar, follower, timeout, self.stop)
+            follow(ar, follower, watch, client, self.stop)
         except KeyboardInterrupt:
             self.stop()
             print("interrupted: the engines were stopped", file=sys.stderr)
             raise
         finally:
             follower.close()
-        return InteractiveResult(cfg.dist, _results(ar))
-
-
-def _results(ar) -> list:
-    """The engines' return values; a GuideError raised on an engine becomes this one line."""
-    from ipyparallel.error import CompositeError, RemoteError
-
-    try:
-        return list(ar.get())
-    except (CompositeError, RemoteError) as exc:
-        errors = getattr(exc, "elist", None) or [(getattr(exc, "ename", ""), getattr(exc, "evalue", ""))]
-        for ename, evalue, *_ in errors:
-            if ename == "GuideError":
-                raise GuideError(f"on the engines: {evalue}") from None
-        raise
+        return InteractiveResult(cfg.dist, results(ar))
 

@@ -1,5 +1,6 @@
 """Rank 0's output in the notebook while the engines train: its ``[train]`` lines, a progress
-bar over the epochs and, live, a figure of its run record redrawn after every epoch.
+bar over the epochs and, live, a figure of its run record redrawn after every epoch; the
+watch's word when the run stops getting anywhere (``watch``); the engines' results.
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ import re
 import sys
 import textwrap
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.config import TrainConfig
 from ...core.errors import GuideError
 
 EPOCH_LINE = re.compile(r"^\[train\] epoch (\d+)/(\d+)")
+EPOCH_SECONDS = re.compile(r"\s(\d+(?:\.\d+)?) s$")  # an epoch line's last word: the epoch's seconds
 RECORD = re.compile(r"; record (\S+\.jsonl)$")
 # Seconds to wait, after the engines' results, for their last printed lines (another channel).
 OUTPUT_WAIT = 30.0
@@ -29,6 +32,8 @@ class Follower:
         from tqdm import tqdm
 
         self.seen, self.record, self.done, self.total = 0, None, 0, cfg.epochs
+        self.began: float | None = None  # when rank 0's first line came: its set-up is done
+        self.first_seconds: float | None = None  # the first epoch's, as rank 0 timed it
         self.desc, self.start, self.meter, self.bar = f"{cfg.dist} on {n} engines", time.monotonic(), None, None
         if progress and live:
             from IPython.display import display
@@ -49,6 +54,7 @@ class Follower:
         for line in text[self.seen:cut].splitlines():
             if not line.startswith("[train]"):
                 continue  # only the engine's own compact lines: Jupyter limits output rates
+            self.began = self.began or time.monotonic()
             # The record by its name (its folder is the notebook's results directory), wrapped
             # to the width of a notebook's (and the book's) output column.
             record = RECORD.search(line)
@@ -59,6 +65,9 @@ class Follower:
             if match := RECORD.search(line):
                 self.record = match.group(1)
             if match := EPOCH_LINE.match(line):
+                seconds = EPOCH_SECONDS.search(line)
+                if self.first_seconds is None and seconds:
+                    self.first_seconds = float(seconds.group(1))
                 self._advance(int(match.group(1)))
         self.seen = max(self.seen, cut)
 
@@ -157,17 +166,64 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def follow(ar, follower, timeout: float | None, stop) -> None:
-    """Feed rank 0's printed lines to ``follower`` until the run ends and its last line is in.
+def follow(ar, follower, watch, client, stop) -> None:
+    """Feed rank 0's printed lines to ``follower`` until the run ends and its last line is in;
+    ``watch`` (a ``watch.Watch``) names what is wrong when the run stops getting anywhere: then
+    ``stop()`` and one line.
 
     An engine's result and its printed lines travel on different channels, so the result can
     come first: its last lines (the last epoch's) are waited for, not read at once."""
-    end = None if timeout is None else time.monotonic() + timeout
     while not ar.ready():
         ar.wait(0.5)
         follower.feed(ar.stdout[0])
-        if end is not None and time.monotonic() > end:
+        watch.epoch(follower.done, follower.began, follower.first_seconds)
+        problem = watch.check(client, ar, follower.total)
+        if problem:
             stop()
-            raise GuideError(f"the training did not finish within {timeout:.0f} s; the cluster was stopped")
+            raise GuideError(problem)
+    problem = watch.dead(ar)
+    if problem:
+        stop()
+        raise GuideError(problem)
     ar.wait_for_output(OUTPUT_WAIT)
     follower.feed(ar.stdout[0] + "\n")
+
+
+def results(ar) -> list:
+    """The engines' return values; a GuideError raised on an engine becomes this one line."""
+    from ipyparallel.error import CompositeError, RemoteError
+
+    try:
+        return list(ar.get())
+    except (CompositeError, RemoteError) as exc:
+        errors = getattr(exc, "elist", None) or [(getattr(exc, "ename", ""), getattr(exc, "evalue", ""))]
+        for ename, evalue, *_ in errors:
+            if ename == "GuideError":
+                raise GuideError(f"on the engines: {evalue}") from None
+        raise
+
+
+@dataclass
+class InteractiveResult:
+    """One training on the engines: every rank's result, rank 0 first."""
+
+    dist: str
+    results: list = field(default_factory=list)  # engine.loop.RunResult per rank
+
+    @property
+    def workers(self) -> int:
+        return len(self.results)
+
+    @property
+    def record_path(self) -> Path:
+        return Path(self.results[0].record_path)
+
+    @property
+    def digests(self) -> list[str]:
+        return [r.weights_digest for r in self.results]
+
+    @property
+    def run(self):
+        from ...core.records import read_run
+
+        return read_run(self.record_path)

@@ -11,22 +11,26 @@ import sys
 from ...core.config import TrainConfig
 
 
-def whoami() -> tuple[int, int, str]:
-    """(MPI rank, world size, host) of this engine."""
+def whoami() -> tuple[int, int, str, int]:
+    """(MPI rank, world size, host, process id) of this engine."""
     from mpi4py import MPI
 
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), socket.gethostname()
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), socket.gethostname(), os.getpid()
 
 
 def run_on_engine(cfg: TrainConfig, rendezvous: tuple[str, int] | None):
     """One rank of the job: the engine's MPI rank; for DDP, torchrun's variables for this run."""
     from mpi4py import MPI
 
+    from .watch import STARTED
+
+    world = MPI.COMM_WORLD  # the first line, before torch's import: the request reached this engine
+    print(STARTED.format(rank=world.Get_rank(), size=world.Get_size(), host=socket.gethostname(), pid=os.getpid()),
+          flush=True)
     from ...engine import train
 
     env: dict[str, str] = {}
     if rendezvous is not None:
-        world = MPI.COMM_WORLD
         node = world.Split_type(MPI.COMM_TYPE_SHARED)
         env = {"RANK": str(world.Get_rank()), "WORLD_SIZE": str(world.Get_size()),
                "LOCAL_RANK": str(node.Get_rank()), "LOCAL_WORLD_SIZE": str(node.Get_size()),
