@@ -45,7 +45,8 @@ CLEAR = 0.9  # share of (a, b) run pairs in which a beat b, for "a is better tha
 # (draws.tolerance) of the better one: relative, because the problem's errors are near 1 %,
 # where a fixed point gap would mean something else at every k.
 # Chance, resampling the record, that the medians of the runs retrained keep a claimed order:
-# a machine that behaves like the recording fails a claim by chance less than once in fifty.
+# a machine that behaves like the recording fails a claim by chance less than once in fifty, as
+# estimated from the record's ten draws per point (which pin the distribution down only loosely).
 CONFIDENCE = 0.98
 # --quick: k = 32, where the methods differ most, with the fewest new runs that check both
 # orders against the linear rule alone: one of naive (every recorded naive draw beat every
