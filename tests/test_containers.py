@@ -71,7 +71,7 @@ def test_the_apptainer_profile_binds_scratch_and_project_and_passes_the_gpus():
     assert "GUIDE_SOFTWARE=apptainer" in profile.read_text().splitlines()
     assert exec_prefix(profile, local_scratch="/local/job42") == [
         str(EXAMPLES / "lib" / "apptainer_env.sh"), "apptainer", "exec", "--cleanenv", "--nv", "-B", "/local/job42",
-        "-B", "/scratch/my_project", "/projappl/my_project/guide.sif"]
+        "-B", "/scratch/my_project", "-B", f"{REPO}/src:/opt/guide/src:ro", "/projappl/my_project/guide.sif"]
 
 
 def _net_profile(tmp_path: Path, libs: str) -> Path:
@@ -97,14 +97,15 @@ def test_the_hosts_network_libraries_are_bound_into_the_image_where_the_profile_
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     net = ["-B", f"{ofi}:{ofi}:ro", "-B", f"{cxi}:{cxi}:ro", "--env", f"LD_LIBRARY_PATH={ofi}:{cxi.parent}"]
-    assert out.stdout.splitlines()[-len(net) - 1:] == [*net, f"{tmp_path}/guide.sif"], out.stdout
-    assert exec_prefix(profile, local_scratch="/l")[-len(net) - 1:-1] == net  # the notebook's view is the job's
+    src = ["-B", f"{REPO}/src:/opt/guide/src:ro"]  # the checkout's guide_utils over the image's
+    assert out.stdout.splitlines()[-len(net) - 3:] == [*net, *src, f"{tmp_path}/guide.sif"], out.stdout
+    assert exec_prefix(profile, local_scratch="/l")[-len(net) - 3:] == [*net, *src, f"{tmp_path}/guide.sif"]
     out = subprocess.run(["bash", "-c", script], env={**env, "GUIDE_SITE": str(_net_profile(tmp_path, "/no/such"))},
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "GUIDE_APPTAINER_NET_LIBS in" in out.stderr and "names /no/such, which this node does not have" in out.stderr
     # none named (the shipped profiles): nothing added
-    assert exec_prefix(_net_profile(tmp_path, ""), local_scratch="/l")[-2:] == ["/scratch/my_project",
+    assert exec_prefix(_net_profile(tmp_path, ""), local_scratch="/l")[-4:] == ["/scratch/my_project", *src,
                                                                                 f"{tmp_path}/guide.sif"]
 
 

@@ -5,6 +5,7 @@ whose doctor ran --quick), as the doctor and the TensorFlow door refuse."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,7 @@ def test_gpus_this_pytorch_does_not_see_are_refused_in_one_line(no_gpu, variable
     no_gpu.setenv("GUIDE_FAKE_GPUS", "1")
     assert distributed._pick_device(1) == torch.device("cpu")
     assert os.environ[variable] == value
+    # ... but never where a GPU driver is loaded: there the GPUs are real, and the job stops.
+    no_gpu.setattr(distributed, "GPU_DRIVERS", (str(Path(__file__)),))
+    with pytest.raises(GuideError, match="sees none; refusing to train on the CPU"):
+        distributed._pick_device(1)

@@ -346,23 +346,25 @@ def test_container_paths_with_spaces_stay_one_argument(tmp_path):
     launch = '${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"} python -m guide_utils.train "${GUIDE_TRAIN_FLAGS[@]}"'
     out, calls = _source_guide(tmp_path, profile, f"guide_setup pytorch ddp\n{launch}")
     assert out.returncode == 0, out.stderr
-    head = ["exec", "--nv", "-B", str(bind), str(container), "python", "-m"]
+    head = ["exec", "--nv", "-B", str(bind), "-B", f"{REPO}/src:/opt/guide/src:ro", str(container), "python", "-m"]
     assert calls[0] == [*head, "guide_utils", "doctor", "--framework", "pytorch", "--dist", "ddp", "--launch", "tasks",
                         "--profile", "smoke"]
     assert calls[1][:len(head) + 3] == [*head, "guide_utils.train", "--profile", "smoke"]
     assert len(calls) == 2
 
 
-def test_with_cleanenv_the_commands_reach_apptainer_through_the_variable_passer(tmp_path):
-    """--cleanenv in GUIDE_APPTAINER_FLAGS puts lib/apptainer_env.sh before `apptainer exec`
-    (tests/test_containers.py checks what it passes); apptainer gets the same arguments."""
+@pytest.mark.parametrize("clean", ["--cleanenv", "--containall"])
+def test_with_cleanenv_the_commands_reach_apptainer_through_the_variable_passer(tmp_path, clean):
+    """--cleanenv (or --containall, which cleans the environment too) in GUIDE_APPTAINER_FLAGS
+    puts lib/apptainer_env.sh before `apptainer exec` (tests/test_containers.py checks what it
+    passes); apptainer gets the same arguments."""
     container = tmp_path / "guide.sif"
     container.write_text("")
-    profile = APPTAINER_PROFILE.format(container=container, flags="(--cleanenv --nv)")
+    profile = APPTAINER_PROFILE.format(container=container, flags=f"({clean} --nv)")
     out, calls = _source_guide(tmp_path, profile, 'guide_setup pytorch ddp\nprintf "%s\\n" "${GUIDE_EXEC[0]}"')
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == str(EXAMPLES / "lib" / "apptainer_env.sh")
-    assert calls[0][:4] == ["exec", "--cleanenv", "--nv", str(container)]
+    assert calls[0][:6] == ["exec", clean, "--nv", "-B", f"{REPO}/src:/opt/guide/src:ro", str(container)]
 
 
 def test_apptainer_flags_as_a_string_are_one_clear_line(tmp_path):
@@ -657,6 +659,60 @@ def test_a_warning_that_matches_nothing_goes_to_the_srun_of_the_training_tasks(t
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_a_failed_warning_scan_still_warns_the_srun_and_asks_no_gpus(tmp_path):
+    """The scan step is started without the GPU request sbatch exported (srun of Slurm 22.05 to
+    23.02.4 makes SLURM_GPUS_PER_NODE the step's own request and then refuses it beside
+    --gres=none: the step fails); a scan that fails anyway still sends the warning to the srun
+    of the training tasks (a stand-in process here) instead of to nobody."""
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    seen = tmp_path / "env"
+    failing = f'srun() {{ echo "${{SLURM_GPUS_PER_NODE-unset}} ${{SLURM_GPUS-unset}}" >"{seen}"; return 1; }}'
+    stand_in = subprocess.Popen(["sleep", "60"])
+    try:
+        out, err = _source_guide_plain(f"{failing}\nguide_signal_training USR1 {stand_in.pid}", SLURM_JOB_ID="77",
+                                       SLURM_JOB_NUM_NODES="1", SLURM_GPUS_PER_NODE="4", SLURM_GPUS="8",
+                                       GUIDE_SIGNAL_MATCH="^nothing( |$)")
+        assert seen.read_text() == "unset unset\n"
+        assert "could not signal every node (srun exit 1)" in err
+        assert "USR1 sent to its srun" in out
+        assert stand_in.wait(timeout=10) == -signal.SIGUSR1
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+@pytest.mark.parametrize("body, why", [
+    ("#!/bin/bash\ntorchrun --nproc-per-node=4 train.py\n", "starts a launcher itself (line 2"),
+    ("#!/bin/bash\n# srun is not here\n  exec mpirun -np 2 python train.py\n", "starts a launcher itself (line 3"),
+])
+def test_a_wrapper_script_that_starts_a_launcher_is_refused_before_it_queues(tmp_path, body, why):
+    """`bash train.sh` where train.sh starts torchrun (or mpirun...): the warning would reach the
+    launcher, which dies of it with its workers and no checkpoint; one line, nothing submitted.
+    A launcher named in a comment is not one."""
+    script = tmp_path / "train.sh"
+    script.write_text(body)
+    out = _submit("ci", "--dry-run", str(EXAMPLES / "16_your_own_script.sbatch"), "--", "bash", str(script))
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {script} {why}"), line
+    script.write_text("#!/bin/bash\n# not srun: python alone\npython train.py | tee log\n")
+    out = _submit("ci", "--dry-run", str(EXAMPLES / "16_your_own_script.sbatch"), "--", "bash", str(script))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_an_interpreter_flag_with_its_value_apart_is_refused():
+    """`python -W ignore train.py`: the warning would take "ignore" for the script (and the
+    process pattern would not match); one line asks for -Wignore. The one-word form passes."""
+    script = str(EXAMPLES / "16_your_own_script.sbatch")
+    out = _submit("ci", "--dry-run", script, "--", "python", "-W", "ignore", "train.py")
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert "(-Wignore)" in line, line
+    out = _submit("ci", "--dry-run", script, "--", "python", "-Wignore", "train.py")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
 def test_the_variable_passer_takes_the_slingshot_and_rocm_settings_into_the_image():

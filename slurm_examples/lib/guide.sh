@@ -147,33 +147,44 @@ guide_gpu_option() {
 # must run inside the software environment (empty unless it is a container).
 guide_software() {
     GUIDE_EXEC=()
+    local nounset=${-//[^u]/}  # "u" where the caller runs with set -u
     case $GUIDE_SOFTWARE in
         modules)
             command -v module >/dev/null || guide_die "GUIDE_SOFTWARE=modules but this node has no 'module' command; use venv or apptainer"
             # No purge unless asked: on some systems (LUMI) it unloads the modules that make
             # the software stack visible in the first place.
+            # Module and activation scripts are seldom written for `set -u` (Lmod's conda-based
+            # modules read unset variables): off while they run.
+            set +u
             [[ ${GUIDE_MODULE_PURGE:-no} != yes ]] || module purge
             # shellcheck disable=SC2086  # a list of module names
             module load $GUIDE_MODULES
+            [[ -z $nounset ]] || set -u
             # A modules-only stack (no venv): the module brings PyTorch, the guide comes from here.
             [[ -n ${GUIDE_VENV:-} ]] || export PYTHONPATH=$GUIDE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}
             ;;&
         venv | modules)
             if [[ -n ${GUIDE_VENV:-} ]]; then
                 [[ -f $GUIDE_VENV/bin/activate ]] || guide_die "GUIDE_VENV=$GUIDE_VENV has no bin/activate; run scripts/setup.sh or fix the path"
+                set +u
                 # shellcheck source=/dev/null
                 source "$GUIDE_VENV/bin/activate"
+                [[ -z $nounset ]] || set -u
             fi
             ;;
         apptainer)
             [[ -f $GUIDE_CONTAINER ]] || guide_die "GUIDE_CONTAINER=$GUIDE_CONTAINER does not exist; build or copy the image first"
             guide_apptainer_net_flags
+            # The checkout's guide_utils over the image's copy (installed editable from
+            # /opt/guide/src): the image brings the software, the checkout the guide's code, so
+            # scripts updated by a `git pull` never meet an older guide_utils in the image.
             GUIDE_EXEC=(apptainer exec ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"}
-                        ${GUIDE_NET_FLAGS[@]+"${GUIDE_NET_FLAGS[@]}"} "$GUIDE_CONTAINER")
+                        ${GUIDE_NET_FLAGS[@]+"${GUIDE_NET_FLAGS[@]}"} -B "$GUIDE_ROOT/src:$GUIDE_IMAGE_SRC:ro"
+                        "$GUIDE_CONTAINER")
             # --cleanenv keeps the host's environment out of the image; what srun and the job
             # set for the training still goes in, by name (lib/apptainer_env.sh says which).
             for flag in ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"}; do
-                if [[ $flag == --cleanenv || $flag == -e ]]; then
+                if [[ $flag == --cleanenv || $flag == -e || $flag == --containall || $flag == -C ]]; then
                     GUIDE_EXEC=("$GUIDE_ROOT/slurm_examples/lib/apptainer_env.sh" ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
                     break
                 fi
@@ -187,6 +198,8 @@ guide_software() {
 # own path, the folders (a file's folder) on the image's LD_LIBRARY_PATH, where NCCL looks for
 # its plugin. The image has no plugin and no libfabric built for Slingshot: without them NCCL
 # crosses a Slingshot network over TCP sockets (the doctor says so there). Sets GUIDE_NET_FLAGS.
+GUIDE_IMAGE_SRC=/opt/guide/src  # where containers/guide.def puts guide_utils (an editable install)
+
 guide_apptainer_net_flags() {
     GUIDE_NET_FLAGS=()
     local path folders=""
@@ -256,6 +269,15 @@ guide_stage_data() {
     GUIDE_DATA_ARGS=(--data "$folder/$GUIDE_DATASET_NAME")
 }
 
+# The steps beside the training that need no GPU (the scratch holder, the warning's scan)
+# run srun --gres=none without these variables: srun of Slurm 22.05 to 23.02.4 turns the GPU
+# request sbatch exported (SLURM_GPUS_PER_NODE for --gpus-per-node, ...) into the step's own
+# and then rejects it beside --gres=none ("Invalid Trackable RESource specification"; fixed
+# in 23.02.5). GUIDE_NO_GPUS: the same as a command prefix, for the one started in the
+# background (env execs srun, so $! is srun's pid).
+GUIDE_GPU_VARIABLES=(SLURM_GPUS_PER_NODE SLURM_GPUS SLURM_GPUS_PER_SOCKET SLURM_GPUS_PER_TASK)
+GUIDE_NO_GPUS=(env -u SLURM_GPUS_PER_NODE -u SLURM_GPUS -u SLURM_GPUS_PER_SOCKET -u SLURM_GPUS_PER_TASK)
+
 # Remove FOLDER on every node when the job ends: a step beside the job (--overlap) whose
 # tasks wait for a signal: USR2 from this shell when it exits (done, failed, or requeued by
 # guide_run_requeueable; srun passes USR2 on to its tasks), or TERM from Slurm (scancel, the
@@ -264,8 +286,9 @@ guide_stage_data() {
 guide_hold_scratch() {
     GUIDE_HOLD_FOLDER=$1
     # (GUIDE_SCRATCH_HOLDER: the mark by which lib/signal_node.sh never signals the holder)
-    GUIDE_SCRATCH_HOLDER=$SLURM_JOB_ID srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
-        --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" hold "$1" </dev/null &
+    GUIDE_SCRATCH_HOLDER=$SLURM_JOB_ID "${GUIDE_NO_GPUS[@]}" srun --overlap --job-name=guide-scratch \
+        --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --cpus-per-task=1 --gres=none \
+        bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" hold "$1" </dev/null &
     GUIDE_HOLD_SRUN=$!
     trap guide_release_scratch EXIT
     # On TERM too (scancel, the time limit): out through the EXIT trap.
@@ -283,9 +306,10 @@ guide_release_scratch() {
     wait "$GUIDE_HOLD_SRUN" 2>/dev/null || status=$?
     GUIDE_HOLD_SRUN=""
     if ((status != 0)) && [[ ${GUIDE_ENDING:-} != TERM ]]; then
-        GUIDE_SCRATCH_HOLDER=$SLURM_JOB_ID srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" \
+        (unset "${GUIDE_GPU_VARIABLES[@]}"
+         GUIDE_SCRATCH_HOLDER=$SLURM_JOB_ID srun --overlap --job-name=guide-scratch --ntasks="$SLURM_JOB_NUM_NODES" \
             --ntasks-per-node=1 --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/stage_node.sh" release \
-            "$GUIDE_HOLD_FOLDER" </dev/null || true
+            "$GUIDE_HOLD_FOLDER" </dev/null) || true
     fi
 }
 
@@ -592,15 +616,17 @@ GUIDE_ENGINE_MATCH='^([^ ]*/)?python[0-9.]*( -[^ ]+)* -m guide_utils[.]train(_tf
 # passes it on to its tasks, the programs they have become.
 guide_signal_training() {  # SIGNAL [SRUN_PID]
     local out status=0 line sent=0
-    out=$(srun --overlap --time=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
-        --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/signal_node.sh" "$1" "$SLURM_JOB_ID" \
+    out=$(unset "${GUIDE_GPU_VARIABLES[@]}"
+        srun --overlap --time=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
+        --ntasks-per-node=1 --cpus-per-task=1 --gres=none bash "$GUIDE_ROOT/slurm_examples/lib/signal_node.sh" "$1" "$SLURM_JOB_ID" \
         "${GUIDE_SIGNAL_MATCH:-$GUIDE_ENGINE_MATCH}" "${SLURMD_NODENAME:-${HOSTNAME%%.*}}:$$") || status=$?
     [[ -z $out ]] || printf '%s\n' "$out"
     ((status == 0)) || echo "== could not signal every node (srun exit $status)" >&2
     while read -r line; do
         [[ ! $line =~ \ sent\ to\ ([0-9]+)\ training ]] || sent=$((sent + BASH_REMATCH[1]))
     done <<<"$out"
-    if ((status == 0 && sent == 0)) && [[ -n ${2:-} ]] && kill "-$1" "$2" 2>/dev/null; then
+    # (also when the scan step itself failed: better the srun's tasks than nobody)
+    if ((sent == 0)) && [[ -n ${2:-} ]] && kill "-$1" "$2" 2>/dev/null; then
         echo "== no process matched the training command; $1 sent to its srun, which passes it on to its tasks"
     fi
 }
@@ -692,6 +718,15 @@ guide_command_check() {
         guide_die "'${words[0]} -c CODE': the time-limit warning finds your program by its script, which a command" \
                   "string does not have; put the code in a file (python train.py, bash train.sh)"
     fi
+    if [[ $kind == python ]]; then  # an interpreter flag with its value apart hides the script
+        for ((j = 1; j < ${#words[@]}; j++)); do
+            [[ ${words[j]} == -?* && ${words[j]} != -m ]] || break
+            if [[ ${words[j]} == -[WX] ]]; then
+                guide_die "'${words[j]} ${words[j + 1]:-}': give the flag and its value as one word" \
+                          "(${words[j]}${words[j + 1]:-}), so that the time-limit warning finds your script after it"
+            fi
+        done
+    fi
     file=${words[0]}
     if [[ $kind == shell ]]; then
         i=1
@@ -699,6 +734,11 @@ guide_command_check() {
         file=${words[i]:-}
     fi
     [[ $kind != python && -f $file ]] || return 0
+    # A script that starts a launcher: the warning would reach the launcher (torchrun dies of
+    # it and takes its workers along, no checkpoint), not the training processes.
+    line=$(grep -I -n -m 1 -E '^[[:space:]]*(exec[[:space:]]+)?([^[:space:]#]*/)?(srun|mpirun|mpiexec|torchrun|horovodrun|deepspeed|accelerate)([[:space:]]|$)' "$file" 2>/dev/null) &&
+        guide_die "$file starts a launcher itself (line ${line%%:*}: ${line#*:}): give the training command" \
+                  "alone (LAUNCHER=srun, torchrun, mpirun or horovodrun starts it), or Slurm's time-limit warning reaches the launcher, not your training"
     line=$(grep -I -n -m 1 -E '^[[:space:]]*exec[[:space:]]+[^[:space:]<>&-]' "$file" 2>/dev/null) || return 0
     echo "warning: $file execs another program (line ${line%%:*}: ${line#*:}), which the time-limit warning" \
          "finds only if the command names it (or, with LAUNCHER=srun, through srun): write it after $file" \

@@ -68,6 +68,8 @@ GUIDE_SBATCH_EXTRA=()       # more sbatch options, e.g. (--qos=normal --mem=0), 
                             # --time here wins over the scripts' own (24 h for 01 and 04-07): where the
                             # partition allows less, set it, or the jobs wait for ever (PartitionTimeLimit)
 GUIDE_DOCTOR=full           # optional: full (default) checks the frameworks in every job; quick: the Slurm job only
+                            # (the guide's engine and TensorFlow door still refuse to train on the CPU of a GPU
+                            # job; your own script in 16 is then checked by nothing: keep full while you port it)
 GUIDE_HOROVOD=no            # optional: yes only when the software has a Horovod built with NCCL for this
                             # site's GPUs (`horovodrun --check-build` ticks NCCL; the `make`-built one has
                             # none, and DIST=horovod on GPUs then stops at the doctor); no (default): the

@@ -50,22 +50,25 @@ def runtime() -> str | None:
 
 def exec_prefix(profile: Path | None = None, *, local_scratch: str = "/local/scratch") -> list[str]:
     """What a job with ``profile`` puts before every command that needs the guide's stack:
-    ``apptainer exec FLAGS NET IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set;
+    ``apptainer exec FLAGS NET SRC IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set;
     NET: the binds of the host's network libraries, ``GUIDE_APPTAINER_NET_LIBS``, as
-    ``lib/guide.sh`` makes them), after ``slurm_examples/lib/apptainer_env.sh`` when FLAGS has
-    ``--cleanenv`` (as ``lib/guide.sh`` does: it passes the variables srun and the job set into
-    the image); ``profile`` defaults to the repository's ``apptainer-example.sh``."""
+    ``lib/guide.sh`` makes them; SRC: the checkout's ``src`` over the image's copy), after
+    ``slurm_examples/lib/apptainer_env.sh`` when FLAGS cleans the environment (``--cleanenv``,
+    ``--containall``; as ``lib/guide.sh`` does: it passes the variables srun and the job set
+    into the image); ``profile`` defaults to the repository's ``apptainer-example.sh``."""
     profile = profile or _FILES["PROFILE"]()
     guide_sh = repo_path("slurm_examples", "lib", "guide.sh")
     code = (f'source "{guide_sh}"; GUIDE_SITE_FILE="{profile}"; source "{profile}"; guide_apptainer_net_flags; '
-            "printf '%s\\n' \"$GUIDE_CONTAINER\" \"${#GUIDE_APPTAINER_FLAGS[@]}\" \"${GUIDE_APPTAINER_FLAGS[@]}\" "
-            "${GUIDE_NET_FLAGS[@]+\"${GUIDE_NET_FLAGS[@]}\"}")
+            "printf '%s\\n' \"$GUIDE_CONTAINER\" \"$GUIDE_IMAGE_SRC\" \"${#GUIDE_APPTAINER_FLAGS[@]}\" "
+            "\"${GUIDE_APPTAINER_FLAGS[@]}\" ${GUIDE_NET_FLAGS[@]+\"${GUIDE_NET_FLAGS[@]}\"}")
     out = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=30, check=True,
                          env={**os.environ, "LOCAL_SCRATCH": local_scratch})
-    container, count, *rest = out.stdout.splitlines()
+    container, image_src, count, *rest = out.stdout.splitlines()
     flags, net = rest[:int(count)], rest[int(count):]
-    env = [str(repo_path("slurm_examples", "lib", "apptainer_env.sh"))] if {"--cleanenv", "-e"} & set(flags) else []
-    return [*env, "apptainer", "exec", *flags, *net, container]
+    clean = {"--cleanenv", "-e", "--containall", "-C"} & set(flags)
+    env = [str(repo_path("slurm_examples", "lib", "apptainer_env.sh"))] if clean else []
+    src = ["-B", f"{repo_path('src')}:{image_src}:ro"]  # the checkout's guide_utils, as lib/guide.sh binds it
+    return [*env, "apptainer", "exec", *flags, *net, *src, container]
 
 
 def import_footprint(modules: tuple[str, ...] = ("torch", "torchvision", "timm", "guide_utils.engine")) -> dict:

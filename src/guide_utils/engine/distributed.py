@@ -13,7 +13,9 @@ environment (``runtime.launchers``), so the same command line works under each l
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import GuideError
@@ -180,15 +182,23 @@ def _pick_device(local_rank: int):
     return torch.device("cpu")
 
 
+# What a node with GPUs has loaded: NVIDIA's kernel driver, AMD's compute device.
+GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/kfd")
+
+
 def refuse_cpu_on_gpus(env, torch_version: str, version) -> None:
     """Refuse, in one line, to train on the CPU when the job gave this process GPUs (``env``
     names them: ``runtime.gpus.allocated``) that this PyTorch does not see (a CPU-only wheel, the
     other vendor's build; ``version`` is ``torch.version``): what the doctor stops, here also where
     the job's doctor ran --quick (GUIDE_DOCTOR=quick). Only the tests' Slurm's GPUs, device files
     with nothing behind them, are trained past on the CPU: that Slurm (tests/slurm_cluster.py)
-    gives its jobs GUIDE_FAKE_GPUS=1."""
+    gives its jobs GUIDE_FAKE_GPUS=1, honoured (and said) only where no GPU driver is loaded."""
     given = allocated(env)
-    if not given or env.get("GUIDE_FAKE_GPUS") == "1":
+    if not given:
+        return
+    if env.get("GUIDE_FAKE_GPUS") == "1" and not any(Path(d).exists() for d in GPU_DRIVERS):
+        print(f"[train] GUIDE_FAKE_GPUS=1 and no GPU driver here: {given} are taken for device files "
+              "without GPUs; training on the CPU", file=sys.stderr, flush=True)
         return
     build = (f"ROCm {version.hip}" if getattr(version, "hip", None) else
              f"CUDA {version.cuda}" if getattr(version, "cuda", None) else "CPU-only")
