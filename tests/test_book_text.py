@@ -181,3 +181,14 @@ def test_day_ones_cost_example_is_the_shipped_arrays_and_the_planners_output(cap
     printed = capsys.readouterr().out
     said = re.findall(r"^# ((?:training|cost): .*)$", text, re.M)
     assert len(said) == 2 and all(line in printed for line in said), printed
+
+
+# myst-nb splits a glue role's format spec off at its last colon: `path::key` without one
+# becomes the key `path:`, found nowhere, and the strict build fails on the warning.
+CROSS_GLUE = re.compile(r"\{glue(?::text)?\}`([^`]*::[^`]*)`")
+
+
+@pytest.mark.parametrize("page", sorted((REPO / "book").glob("*.md")), ids=lambda p: p.name)
+def test_every_glue_from_another_page_has_a_format_spec(page):
+    bare = [m for m in CROSS_GLUE.findall(page.read_text()) if ":" not in m.split("::", 1)[1]]
+    assert not bare, f"add a format spec (:s, :d, :.2f) to {bare}: myst-nb reads path::key alone as the key 'path:'"
