@@ -353,11 +353,10 @@ def test_container_paths_with_spaces_stay_one_argument(tmp_path):
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("clean", ["--cleanenv", "--containall"])
+@pytest.mark.parametrize("clean", ["--cleanenv", "-e"])
 def test_with_cleanenv_the_commands_reach_apptainer_through_the_variable_passer(tmp_path, clean):
-    """--cleanenv (or --containall, which cleans the environment too) in GUIDE_APPTAINER_FLAGS
-    puts lib/apptainer_env.sh before `apptainer exec` (tests/test_containers.py checks what it
-    passes); apptainer gets the same arguments."""
+    """--cleanenv in GUIDE_APPTAINER_FLAGS puts lib/apptainer_env.sh before `apptainer exec`
+    (tests/test_containers.py checks what it passes); apptainer gets the same arguments."""
     container = tmp_path / "guide.sif"
     container.write_text("")
     profile = APPTAINER_PROFILE.format(container=container, flags=f"({clean} --nv)")
@@ -365,6 +364,19 @@ def test_with_cleanenv_the_commands_reach_apptainer_through_the_variable_passer(
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == str(EXAMPLES / "lib" / "apptainer_env.sh")
     assert calls[0][:6] == ["exec", clean, "--nv", "-B", f"{REPO}/src:/opt/guide/src:ro", str(container)]
+
+
+@pytest.mark.parametrize("contain", ["--containall", "-C", "--contain", "-c"])
+def test_apptainer_flags_that_hide_the_host_folders_are_refused_in_one_line(tmp_path, contain):
+    """--contain(all) gives the image no checkout, working directory or /tmp: every job would
+    fail after its queue wait writing its results or reading its staged data."""
+    container = tmp_path / "guide.sif"
+    container.write_text("")
+    out, calls = _source_guide(tmp_path, APPTAINER_PROFILE.format(container=container, flags=f"({contain} --nv)"),
+                               "guide_setup pytorch ddp")
+    assert out.returncode == 2 and not calls
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: GUIDE_APPTAINER_FLAGS in ") and f"has {contain}, which hides" in line
 
 
 def test_apptainer_flags_as_a_string_are_one_clear_line(tmp_path):
@@ -653,7 +665,7 @@ def test_a_warning_that_matches_nothing_goes_to_the_srun_of_the_training_tasks(t
         (tmp_path / "srun").unlink()  # the scan's own signal; the srun got none besides
         out, _ = _source_guide_plain(f"{scan} {stand_in.pid}", GUIDE_SIGNAL_MATCH="^nothing-runs-this( |$)", **job)
         assert out.splitlines() == ["== node7: USR1 sent to 0 training process(es)",
-                                    "== no process matched the training command; USR1 sent to its srun, which "
+                                    "== no process was signalled; USR1 sent to the training's srun, which "
                                     "passes it on to its tasks"]
         assert _wait_for(tmp_path / "srun")
     finally:
@@ -677,7 +689,7 @@ def test_a_failed_warning_scan_still_warns_the_srun_and_asks_no_gpus(tmp_path):
                                        GUIDE_SIGNAL_MATCH="^nothing( |$)")
         assert seen.read_text() == "unset unset\n"
         assert "could not signal every node (srun exit 1)" in err
-        assert "USR1 sent to its srun" in out
+        assert "USR1 sent to the training's srun" in out
         assert stand_in.wait(timeout=10) == -signal.SIGUSR1
     finally:
         stand_in.kill()
@@ -687,6 +699,11 @@ def test_a_failed_warning_scan_still_warns_the_srun_and_asks_no_gpus(tmp_path):
 @pytest.mark.parametrize("body, why", [
     ("#!/bin/bash\ntorchrun --nproc-per-node=4 train.py\n", "starts a launcher itself (line 2"),
     ("#!/bin/bash\n# srun is not here\n  exec mpirun -np 2 python train.py\n", "starts a launcher itself (line 3"),
+    ("python -m torch.distributed.run --nproc-per-node=4 train.py\n", "starts a launcher itself (line 1"),
+    ("set -e\nOMP_NUM_THREADS=8 torchrun train.py\n", "starts a launcher itself (line 2"),
+    ("env NCCL_DEBUG=WARN torchrun train.py\n", "starts a launcher itself (line 1"),
+    ("python3 -u -m deepspeed.launcher.runner train.py\npython -u -m horovod.runner -np 2 python t.py\n",
+     "starts a launcher itself (line 2"),
 ])
 def test_a_wrapper_script_that_starts_a_launcher_is_refused_before_it_queues(tmp_path, body, why):
     """`bash train.sh` where train.sh starts torchrun (or mpirun...): the warning would reach the

@@ -79,6 +79,16 @@ guide_check_site() {
         [[ -z ${!name+set} || $(declare -p "$name" 2>/dev/null) == "declare -a"* ]] ||
             guide_die "$name in $file must be an array, e.g. $name=(--one --two \"a value\"), not a string"
     done
+    # --contain(all) hides the checkout, the working directory and /tmp from the image, which
+    # the jobs write results to and stage data in: every job would fail after its queue wait.
+    local flag
+    for flag in ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"}; do
+        case $flag in
+            --contain | --containall | -c | -C)
+                guide_die "GUIDE_APPTAINER_FLAGS in $file has $flag, which hides the checkout, the working directory" \
+                          "and /tmp from the image (results, staged data): use --cleanenv, and -B for the folders the jobs use" ;;
+        esac
+    done
 }
 
 # Source and check the profile. Inside a job, unset variables in it are errors (set -u);
@@ -184,7 +194,7 @@ guide_software() {
             # --cleanenv keeps the host's environment out of the image; what srun and the job
             # set for the training still goes in, by name (lib/apptainer_env.sh says which).
             for flag in ${GUIDE_APPTAINER_FLAGS[@]+"${GUIDE_APPTAINER_FLAGS[@]}"}; do
-                if [[ $flag == --cleanenv || $flag == -e || $flag == --containall || $flag == -C ]]; then
+                if [[ $flag == --cleanenv || $flag == -e ]]; then
                     GUIDE_EXEC=("$GUIDE_ROOT/slurm_examples/lib/apptainer_env.sh" ${GUIDE_EXEC[@]+"${GUIDE_EXEC[@]}"})
                     break
                 fi
@@ -625,9 +635,12 @@ guide_signal_training() {  # SIGNAL [SRUN_PID]
     while read -r line; do
         [[ ! $line =~ \ sent\ to\ ([0-9]+)\ training ]] || sent=$((sent + BASH_REMATCH[1]))
     done <<<"$out"
-    # (also when the scan step itself failed: better the srun's tasks than nobody)
-    if ((sent == 0)) && [[ -n ${2:-} ]] && kill "-$1" "$2" 2>/dev/null; then
-        echo "== no process matched the training command; $1 sent to its srun, which passes it on to its tasks"
+    # Nothing signalled: the srun gets it where the scan itself failed (better the training's
+    # srun than nobody), or where a reader's command (GUIDE_SIGNAL_MATCH, 16's) matched nothing;
+    # not where the guide's own engine did not match: it may not be listening yet.
+    if ((sent == 0)) && [[ -n ${2:-} ]] && { ((status != 0)) || [[ -n ${GUIDE_SIGNAL_MATCH:-} ]]; } &&
+        kill "-$1" "$2" 2>/dev/null; then
+        echo "== no process was signalled; $1 sent to the training's srun, which passes it on to its tasks"
     fi
 }
 
@@ -736,7 +749,11 @@ guide_command_check() {
     [[ $kind != python && -f $file ]] || return 0
     # A script that starts a launcher: the warning would reach the launcher (torchrun dies of
     # it and takes its workers along, no checkpoint), not the training processes.
-    line=$(grep -I -n -m 1 -E '^[[:space:]]*(exec[[:space:]]+)?([^[:space:]#]*/)?(srun|mpirun|mpiexec|torchrun|horovodrun|deepspeed|accelerate)([[:space:]]|$)' "$file" 2>/dev/null) &&
+    # (after `exec`, `env [-flags] [VAR=value...]` or leading VAR=value words; also as python -m)
+    local lead='^[[:space:]]*(exec[[:space:]]+)?(env([[:space:]]+-[^[:space:]]+)*[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*=[^[:space:]]*[[:space:]]+)*'
+    local launchers='([^[:space:]#]*/)?(srun|mpirun|mpiexec|torchrun|horovodrun|deepspeed|accelerate)([[:space:]]|$)'
+    local modules='([^[:space:]#]*/)?python[0-9.]*([[:space:]]+-[^[:space:]m][^[:space:]]*)*[[:space:]]+-m[[:space:]]*(torch\.distributed\.(run|launch)|deepspeed|horovod\.runner)([[:space:]]|$)'
+    line=$(grep -I -n -m 1 -E "$lead($launchers|$modules)" "$file" 2>/dev/null) &&
         guide_die "$file starts a launcher itself (line ${line%%:*}: ${line#*:}): give the training command" \
                   "alone (LAUNCHER=srun, torchrun, mpirun or horovodrun starts it), or Slurm's time-limit warning reaches the launcher, not your training"
     line=$(grep -I -n -m 1 -E '^[[:space:]]*exec[[:space:]]+[^[:space:]<>&-]' "$file" 2>/dev/null) || return 0
@@ -786,7 +803,7 @@ guide_run_requeueable() {
     pid=$!
     # srun's tasks are the training processes (not a launcher per node, torchrun, which dies of it)
     # (16's own commands: the engine's processes always match GUIDE_ENGINE_MATCH)
-    [[ ${1##*/} != srun || ${GUIDE_LAUNCH:-} != tasks || -z ${GUIDE_SIGNAL_MATCH:-} ]] || tasks=$pid
+    [[ ${1##*/} != srun || ${GUIDE_LAUNCH:-} != tasks ]] || tasks=$pid
     while :; do
         usr1=0 status=0
         wait "$pid" || status=$?

@@ -41,7 +41,8 @@ GUIDE_APPTAINER_FLAGS=(--cleanenv --nv)  # apptainer (an array): --nv for NVIDIA
                             # the job's (lib/apptainer_env.sh passes those). Bind the scratch disk
                             # (GUIDE_SCRATCH; empty: $TMPDIR, unless that is under /tmp, which
                             # apptainer binds itself) and GUIDE_OUTPUT: the training runs in the image,
-                            # which sees no other host folder (the staged data would be missing)
+                            # which sees no other host folder (the staged data would be missing);
+                            # not --contain/--containall (refused: no checkout, working directory or /tmp)
 GUIDE_APPTAINER_NET_LIBS=() # optional, apptainer (an array): the host's libfabric and NCCL/RCCL network
                             # plugin (aws-ofi-nccl's libnccl-net.so), folders or files, e.g. from `module
                             # show` of the site's libfabric and aws-ofi-nccl modules; bound into the image

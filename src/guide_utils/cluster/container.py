@@ -53,9 +53,9 @@ def exec_prefix(profile: Path | None = None, *, local_scratch: str = "/local/scr
     ``apptainer exec FLAGS NET SRC IMAGE`` (the profile read by bash, with ``$LOCAL_SCRATCH`` set;
     NET: the binds of the host's network libraries, ``GUIDE_APPTAINER_NET_LIBS``, as
     ``lib/guide.sh`` makes them; SRC: the checkout's ``src`` over the image's copy), after
-    ``slurm_examples/lib/apptainer_env.sh`` when FLAGS cleans the environment (``--cleanenv``,
-    ``--containall``; as ``lib/guide.sh`` does: it passes the variables srun and the job set
-    into the image); ``profile`` defaults to the repository's ``apptainer-example.sh``."""
+    ``slurm_examples/lib/apptainer_env.sh`` when FLAGS has ``--cleanenv``
+    (as ``lib/guide.sh`` does: it passes the variables srun and the job set into the image);
+    ``profile`` defaults to the repository's ``apptainer-example.sh``."""
     profile = profile or _FILES["PROFILE"]()
     guide_sh = repo_path("slurm_examples", "lib", "guide.sh")
     code = (f'source "{guide_sh}"; GUIDE_SITE_FILE="{profile}"; source "{profile}"; guide_apptainer_net_flags; '
@@ -65,7 +65,7 @@ def exec_prefix(profile: Path | None = None, *, local_scratch: str = "/local/scr
                          env={**os.environ, "LOCAL_SCRATCH": local_scratch})
     container, image_src, count, *rest = out.stdout.splitlines()
     flags, net = rest[:int(count)], rest[int(count):]
-    clean = {"--cleanenv", "-e", "--containall", "-C"} & set(flags)
+    clean = {"--cleanenv", "-e"} & set(flags)
     env = [str(repo_path("slurm_examples", "lib", "apptainer_env.sh"))] if clean else []
     src = ["-B", f"{repo_path('src')}:{image_src}:ro"]  # the checkout's guide_utils, as lib/guide.sh binds it
     return [*env, "apptainer", "exec", *flags, *net, *src, container]
