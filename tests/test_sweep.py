@@ -197,6 +197,6 @@ def test_the_methods_pages_step_counts_are_the_engines():
     assert train == 16000 and steps == {1: 500, 32: 15}
     assert sweep.recorded_curves("linear", 32)[0].config["steps_per_epoch"] == steps[32]
     text = " ".join((REPO / "book" / "methods.md").read_text().split())
-    for key in ("train_n:,", "plan_steps_k32", "steps_k1"):
+    for key in ("train_n:,", "plan_steps_k32:s", "steps_k1:s"):
         assert f"{{glue:text}}`../notebooks/04_naive_scaling.ipynb::{key}`" in text
     assert "625" not in text
