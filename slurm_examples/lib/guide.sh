@@ -286,7 +286,9 @@ guide_stage_data() {
 # in 23.02.5). GUIDE_NO_GPUS: the same as a command prefix, for the one started in the
 # background (env execs srun, so $! is srun's pid).
 GUIDE_GPU_VARIABLES=(SLURM_GPUS_PER_NODE SLURM_GPUS SLURM_GPUS_PER_SOCKET SLURM_GPUS_PER_TASK)
-GUIDE_NO_GPUS=(env -u SLURM_GPUS_PER_NODE -u SLURM_GPUS -u SLURM_GPUS_PER_SOCKET -u SLURM_GPUS_PER_TASK)
+GUIDE_NO_GPUS=(env)
+for _v in "${GUIDE_GPU_VARIABLES[@]}"; do GUIDE_NO_GPUS+=(-u "$_v"); done
+unset _v
 
 # Remove FOLDER on every node when the job ends: a step beside the job (--overlap) whose
 # tasks wait for a signal: USR2 from this shell when it exits (done, failed, or requeued by
