@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -302,6 +303,20 @@ def pytest_sessionstart(session):
             _HOST.update(busy=host_speed.busy_seconds(), wall=time.monotonic(), step=host_speed.step_ms())
         except (OSError, ValueError) as exc:
             print(f"--host-speed: no report on this machine ({exc})")
+            return
+        try:  # memory: the peak in use, sampled every second, and the kernel's OOM kills
+            _HOST.update(oom=host_speed.oom_kills(), peak=(0.0, 0.0, 0.0))
+            threading.Thread(target=_sample_memory, daemon=True).start()
+        except (OSError, ValueError):
+            pass
+
+
+def _sample_memory() -> None:
+    while True:
+        used, total = host_speed.memory_in_use()
+        if used > _HOST["peak"][0]:
+            _HOST["peak"] = (used, total, time.monotonic() - _HOST["wall"])
+        time.sleep(1)
 
 
 def _host_report(terminalreporter) -> None:
@@ -312,6 +327,11 @@ def _host_report(terminalreporter) -> None:
                                 f"({busy / (wall * cores):.0%}), {steal:,.0f} s stolen by the host")
     terminalreporter.write_line(f"reference step (MNIST-1D CNN, batch 1024, 1 thread): {_HOST['step']} at the "
                                 f"start, {host_speed.step_ms()} at the end")
+    if "oom" in _HOST:
+        used, total, at = _HOST["peak"]
+        kills = host_speed.oom_kills() - _HOST["oom"]
+        terminalreporter.write_line(f"memory: at most {used:.1f} of {total:.1f} GiB in use ({at:.0f} s in); "
+                                    f"{kills} process(es) killed by the kernel for want of memory")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -1,6 +1,7 @@
 """How fast this machine was while a test session ran: the CPU-seconds the whole machine
 spent busy (every process: the tests, the book build beside them, the test Slurm's jobs)
-and one fixed training step timed at the start and at the end of the session.
+and one fixed training step timed at the start and at the end of the session; and how much
+memory it had in use at the worst moment, with the processes its kernel killed for memory.
 
 Why: the CI budget is counted in wall-clock minutes on a shared virtual machine whose speed
 varies by up to half between runs (the same nine `verify` trainings of the same code took
@@ -50,6 +51,34 @@ def busy_seconds(stat: str | None = None) -> tuple[float, float]:
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(t) for t in ticks[:8])
     hz = os.sysconf("SC_CLK_TCK")
     return (user + nice + system + irq + softirq) / hz, steal / hz
+
+
+def memory_in_use(meminfo: str | None = None) -> tuple[float, float]:
+    """(GiB in use, GiB in all): MemTotal less MemAvailable from /proc/meminfo (or ``meminfo``),
+    the memory no process could get back without something being killed or swapped."""
+    if meminfo is None:
+        with open("/proc/meminfo") as f:
+            meminfo = f.read()
+    kib = {line.split(":")[0]: int(line.split()[1]) for line in meminfo.splitlines() if line.count(":") == 1
+           and len(line.split()) >= 2 and line.split()[1].isdigit()}
+    if "MemTotal" not in kib or "MemAvailable" not in kib:
+        raise ValueError("no MemTotal or MemAvailable line: not /proc/meminfo")
+    return (kib["MemTotal"] - kib["MemAvailable"]) / 2**20, kib["MemTotal"] / 2**20
+
+
+def oom_kills(vmstat: str | None = None) -> int:
+    """How many processes the kernel's out-of-memory killer has killed since boot (the
+    ``oom_kill`` line of /proc/vmstat, or of ``vmstat``). A test job whose task dies with
+    SIGKILL (exit 137) and nothing else to say was often one of them: the count, compared
+    before and after, tells."""
+    if vmstat is None:
+        with open("/proc/vmstat") as f:
+            vmstat = f.read()
+    for line in vmstat.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill":
+            return int(value)
+    raise ValueError("no oom_kill line (a kernel before 4.13?)")
 
 
 def step_ms(timeout: float = 120) -> str:

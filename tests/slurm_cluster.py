@@ -37,6 +37,7 @@ import time
 import warnings
 from pathlib import Path
 
+import host_speed
 import leftovers
 import slurm_sockets
 from slurm_conf import (GPUS_PER_NODE, NODES, SlurmStartError, SlurmUnavailable, ensure_installed, first_job_id,
@@ -65,6 +66,13 @@ class Crash:
                 + ("restarted" if self.restarted else "left dead (it died four times)"))
 
 
+def _oom_kills() -> int | None:
+    try:
+        return host_speed.oom_kills()
+    except (OSError, ValueError):
+        return None
+
+
 class SlurmCluster:
     def __init__(self, root: Path, sample_listeners: bool = False):
         self.root = Path(root)
@@ -84,6 +92,17 @@ class SlurmCluster:
         self.listener_pids: dict[tuple[str, str, str, int], str] = {}  # what each was: pid, command line
         self.crashes: list[Crash] = []  # daemons that died while the cluster ran (restarted since)
         self._given_up: set[subprocess.Popen] = set()
+        self._oom_at_start = _oom_kills()
+
+    def memory_note(self) -> str:
+        """What a failed job's message adds: the kernel's OOM kills since the cluster was made
+        (a task that died with SIGKILL and said nothing was often one), and memory in use now."""
+        now = _oom_kills()
+        if now is None or self._oom_at_start is None:
+            return ""
+        used, total = host_speed.memory_in_use()
+        return (f"\n(this machine: {now - self._oom_at_start} process(es) killed by the kernel for want of memory "
+                f"since this test Slurm was made; {used:.1f} of {total:.1f} GiB in use now)")
 
     # -- start / stop ---------------------------------------------------------------------
     def start(self) -> "SlurmCluster":

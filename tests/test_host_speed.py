@@ -26,3 +26,16 @@ def test_a_reference_step_that_fails_is_reported_not_raised(monkeypatch):
     assert host_speed.step_ms() == "not measured (exit 1: no torch here)"
     monkeypatch.setattr(host_speed, "_STEP", "import time; time.sleep(5)")
     assert host_speed.step_ms(timeout=0.5) == "not measured (TimeoutExpired)"
+
+
+def test_memory_in_use_is_total_less_available_and_oom_kills_are_read():
+    meminfo = "MemTotal:       4194304 kB\nMemFree:   100 kB\nMemAvailable:   1048576 kB\nHugePages_Total:       0\n"
+    assert host_speed.memory_in_use(meminfo) == (3.0, 4.0)
+    used, total = host_speed.memory_in_use()  # this machine's own file parses
+    assert 0 < used < total
+    with pytest.raises(ValueError, match="MemAvailable"):
+        host_speed.memory_in_use("MemTotal: 10 kB\n")
+    assert host_speed.oom_kills("pgfault 12\noom_kill 3\nnr_dirty 0\n") == 3
+    assert host_speed.oom_kills() >= 0
+    with pytest.raises(ValueError, match="no oom_kill line"):
+        host_speed.oom_kills("pgfault 12\n")

@@ -316,7 +316,7 @@ eval "${{site_srun/declare -a/declare -ga}}"
         records = self.wait(timeout)
         states = [(r.get("JobId"), r.get("ArrayTaskId"), r["JobState"], r["ExitCode"]) for r in records]
         assert all(r["JobState"] == "COMPLETED" and r["ExitCode"] == "0:0" for r in records), \
-            f"{states}\n{self.log(3000)}"
+            f"{states}\n{self.log(3000)}{self.cluster.memory_note()}"
         return records
 
     def wait_failed_at_start(self, timeout: float = 300) -> str:
