@@ -73,6 +73,19 @@ def _oom_kills() -> int | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class OomKill:
+    """Processes the kernel's out-of-memory killer ended while the cluster ran (any process of
+    this machine: it is shared with the book build and the other tests)."""
+    at: float
+    clock: str
+    count: int
+
+    def __str__(self) -> str:
+        return (f"the kernel killed {self.count} process(es) of this machine for want of memory at {self.clock} "
+                "(a job's task that died with SIGKILL and said nothing may be one)")
+
+
 class SlurmCluster:
     def __init__(self, root: Path, sample_listeners: bool = False):
         self.root = Path(root)
@@ -92,7 +105,8 @@ class SlurmCluster:
         self.listener_pids: dict[tuple[str, str, str, int], str] = {}  # what each was: pid, command line
         self.crashes: list[Crash] = []  # daemons that died while the cluster ran (restarted since)
         self._given_up: set[subprocess.Popen] = set()
-        self._oom_at_start = _oom_kills()
+        self._oom_at_start = self._oom_seen = _oom_kills()
+        self.oom_kills: list[OomKill] = []  # the kernel's OOM kills while the cluster ran
 
     def memory_note(self) -> str:
         """What a failed job's message adds: the kernel's OOM kills since the cluster was made
@@ -288,16 +302,25 @@ class SlurmCluster:
                 self._given_up.add(p)
 
     def _watch(self) -> None:
-        """Every second while the cluster runs: restart dead daemons, sample listeners (if asked)."""
+        """Every second while the cluster runs: restart dead daemons, note the kernel's OOM kills,
+        sample listeners (if asked)."""
         while not self._sampling.wait(1.0):
             with contextlib.suppress(Exception):
                 self._restart_dead()
+            self._note_oom()
             if self.sample_listeners:
                 self._sample_listeners()
 
-    def crashes_since(self, since: float) -> list["Crash"]:
-        """The daemon deaths recorded at or after ``since`` (a time.monotonic() value)."""
-        return [c for c in self.crashes if c.at >= since]
+    def _note_oom(self) -> None:
+        now = _oom_kills()
+        if now is not None and self._oom_seen is not None and now > self._oom_seen:
+            self.oom_kills.append(OomKill(time.monotonic(), time.strftime("%H:%M:%S"), now - self._oom_seen))
+        self._oom_seen = now
+
+    def crashes_since(self, since: float) -> list["Crash | OomKill"]:
+        """The daemon deaths, and the kernel's OOM kills on this machine, recorded at or after
+        ``since`` (a time.monotonic() value)."""
+        return [c for c in [*self.crashes, *self.oom_kills] if c.at >= since]
 
     def _check_alive(self) -> None:
         for name, p in [("namespace", self.holder), *self.procs]:

@@ -12,6 +12,12 @@ fault through a null pointer, under load (three times on record since 2026-11-28
 95 reruns of the same job under load; docs/setup.md). The CI site profile makes such a rank
 print its Python stack (PYTHONFAULTHANDLER), and the warning quotes it, so that the next one
 says where it happened.
+
+And for a test whose jobs ran while the kernel's out-of-memory killer ended a process on this
+machine (tests/slurm_cluster.py notes each): the machine's memory is shared with the book
+build and the other worker's tests, so a rank killed for it says nothing about the job.
+(One CI run lost a TensorFlow Horovod rank to a bare SIGKILL; whether it was this is unknown,
+which is why the count is now noted and printed.)
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ def pytest_runtest_call(item):
     warning naming the crash. Only such a test: any other failure stands, and so does a
     second failure. What it tests is the guide's scripts, not Slurm 22.05's heap. The same for
     a test on the test Slurm whose failure (or whose jobs' logs) shows a rank's segmentation
-    fault (``segfault``)."""
+    fault (``segfault``), and for one during which the kernel killed a process for want of
+    memory (``crashes_since`` lists those too)."""
     clusters = _slurm_clusters(item)
     since = min([time.monotonic(), *(getattr(v, "submitted_at", float("inf")) for v in item.funcargs.values())])
     try:

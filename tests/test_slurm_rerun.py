@@ -135,3 +135,19 @@ def test_a_daemon_that_keeps_dying_is_restarted_three_times_then_left_dead(tmp_p
     assert all(c.name == "slurmd-guide-n2" and c.status == 1 for c in cluster.crashes)
     assert "malloc(): unaligned tcache chunk detected" in cluster.crashes[0].tail
     assert str(cluster.crashes[-1]).endswith("left dead (it died four times)")
+
+
+def test_the_kernels_oom_kills_while_the_cluster_runs_count_as_a_crash(tmp_path, monkeypatch):
+    """A rise of /proc/vmstat's oom_kill while a test's jobs ran is noted with its time and
+    listed by crashes_since, as a daemon's death is: the rerun plugin's condition (no Slurm)."""
+    counts = iter([5, 5, 7, 7])
+    monkeypatch.setattr(slurm_cluster, "_oom_kills", lambda: next(counts))
+    cluster = slurm_cluster.SlurmCluster(tmp_path)  # reads 5
+    before = slurm_cluster.time.monotonic()
+    cluster._note_oom()  # 5: nothing
+    assert cluster.crashes_since(0) == []
+    cluster._note_oom()  # 7: two killed
+    (kill,) = cluster.crashes_since(before)
+    assert kill.count == 2 and "the kernel killed 2 process(es)" in str(kill)
+    cluster._note_oom()  # 7 again: no new record
+    assert cluster.crashes_since(kill.at + 1e-9) == [] and len(cluster.oom_kills) == 1
