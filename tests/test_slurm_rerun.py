@@ -1,7 +1,8 @@
 """The test Slurm's answer to a daemon that dies: tests/slurm_cluster.py restarts it (three
 times at most), and tests/slurm_rerun.py runs a test once more only when a daemon of its
-cluster died while it ran (or while its pre-submitted jobs did), or when one of its jobs'
-ranks died of a segmentation fault, and then says so."""
+cluster died while it ran (or while its pre-submitted jobs did), when one of its jobs'
+ranks died of a segmentation fault, or when the kernel killed a process for want of memory
+meanwhile, and then says so."""
 
 from __future__ import annotations
 
