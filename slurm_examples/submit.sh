@@ -54,6 +54,16 @@ guide_load_site
 if grep -q '^guide_command_check' "$script"; then
     guide_command_check ${train_args[@]+"${train_args[@]}"}
 fi
+# A job of the guide's training programs whose data is missing is refused here too, rather
+# than at its first line after the queue; a dry run says so and prints the command anyway
+# (it leaves the archive's path alone: it may be planned away from the cluster).
+plan=()
+((!dry_run)) || plan=(--plan)
+if grep -q 'guide_utils\.train' "$script" &&
+    problem=$(guide_data_problem ${plan[@]+"${plan[@]}"} ${train_args[@]+"${train_args[@]}"}); then
+    ((dry_run)) || guide_die "$problem"
+    printf 'warning: %s\n' "$problem" >&2
+fi
 
 # Tasks (= GPUs) per node: an explicit --ntasks-per-node, else the script's own (the
 # single-GPU baseline pins one), else the site's GPUs per node.

@@ -1015,3 +1015,50 @@ def test_a_variable_the_job_does_not_set_in_a_profile_is_one_line():
     number = next(i for i, text in enumerate(site.read_text().splitlines(), 1) if "$LOCAL_SCRATCH" in text)
     assert line == (f"error: site profile {site} line {number} uses $LOCAL_SCRATCH, which this job does not set; "
                     "name your centre's variable for it, or write ${LOCAL_SCRATCH:-} where it may be unset"), line
+
+
+def _data_site(tmp_path: Path, archive: str) -> str:
+    """The CI profile at the full profile, with ``archive`` as its dataset archive."""
+    path = tmp_path / "full.sh"
+    path.write_text((EXAMPLES / "sites/ci.sh").read_text() + f'GUIDE_TRAIN_PROFILE=full\nGUIDE_DATASET_ARCHIVE="{archive}"\n')
+    return str(path)
+
+
+@pytest.mark.parametrize("archive, flags, words", [
+    ("", [], "the full profile trains on ImageNet and this job would get no dataset"),
+    ("", ["--epochs", "1", "--profile=full"], "pass -- --data DIR"),
+    ("/nonexistent/ilsvrc2012.tar", ["--data", "synthetic"], "dataset archive /nonexistent/ilsvrc2012.tar not found"),
+])
+def test_a_training_job_without_its_data_is_refused_before_the_queue(tmp_path, archive, flags, words):
+    """The job would stop at its first line after its wait in the queue: submit.sh stops it
+    first, in one line, and never calls sbatch (a stand-in that would leave a mark)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path / 'queued'}\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "GUIDE_SITE": _data_site(tmp_path, archive), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "GUIDE_LOG_DIR": str(tmp_path / "logs")}
+    out = subprocess.run([str(EXAMPLES / "submit.sh"), str(EXAMPLES / "03_multi_node_horovod.sbatch"), "--", *flags],
+                         env=env, capture_output=True, text=True, cwd=REPO)
+    (line,) = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and line.startswith("error: ") and words in line, out.stderr
+    assert "GUIDE_DATASET_ARCHIVE" in line and str(tmp_path / "full.sh") in line
+    assert not (tmp_path / "queued").exists()
+
+
+def test_a_dry_run_warns_of_missing_data_and_a_job_that_has_its_data_is_not_stopped(tmp_path):
+    no_data = _data_site(tmp_path, "")
+    out = _submit(no_data, "--dry-run", str(EXAMPLES / "01_single_gpu_baseline.sbatch"))
+    assert out.returncode == 0 and "01_single_gpu_baseline.sbatch" in out.stdout, out.stderr
+    assert out.stderr.startswith("warning: the full profile trains on ImageNet"), out.stderr
+    # data given, another profile, or a program that reads none: nothing to say
+    for script, flags in [("01_single_gpu_baseline.sbatch", ["--data", "/data/imagenet"]),
+                          ("08_tensorflow_native.sbatch", ["--data=synthetic"]),
+                          ("04_naive_scaling.sbatch", ["--profile", "smoke"]),
+                          ("10_communication.sbatch", [])]:
+        out = _submit(no_data, "--dry-run", str(EXAMPLES / script), "--", *flags)
+        assert out.returncode == 0 and out.stderr == "", (script, out.stderr)
+    # a dry run may be planned away from the cluster: the archive's path is left to the job
+    out = _submit(_data_site(tmp_path, "/nonexistent/ilsvrc2012.tar"), "--dry-run",
+                  str(EXAMPLES / "01_single_gpu_baseline.sbatch"))
+    assert out.returncode == 0 and out.stderr == "", out.stderr

@@ -295,6 +295,32 @@ unset _v
 # guide_run_requeueable; srun passes USR2 on to its tasks), or TERM from Slurm (scancel, the
 # time limit, a requeue by Slurm). It starts before anything is unpacked: a job being
 # cancelled can start no step any more.
+# Why a job of the guide's training programs would stop for want of data, printed (status 0),
+# or nothing (status 1): the full profile (the site's GUIDE_TRAIN_PROFILE or a --profile in
+# the training flags ARGS, the last one winning, as it does in the job) with no dataset
+# archive in the profile and no --data in the flags; or (unless the first argument is
+# --plan: a dry run, perhaps away from the cluster) an archive the profile names that is not
+# there. The job would find out at its first line, after its wait in the queue.
+guide_data_problem() {  # [--plan] ARGS...
+    local profile=$GUIDE_TRAIN_PROFILE data="" prev="" arg here=1
+    [[ ${1:-} != --plan ]] || { here=0; shift; }
+    for arg in ${GUIDE_TRAIN_ARGS[@]+"${GUIDE_TRAIN_ARGS[@]}"} "$@"; do
+        case $prev in --profile) profile=$arg ;; --data) data=$arg ;; esac
+        case $arg in --profile=*) profile=${arg#*=} ;; --data=*) data=${arg#*=} ;; esac
+        prev=$arg
+    done
+    if ((here)) && [[ -n $GUIDE_DATASET_ARCHIVE && ! -f $GUIDE_DATASET_ARCHIVE ]]; then
+        echo "dataset archive $GUIDE_DATASET_ARCHIVE not found from $(hostname -s); fix GUIDE_DATASET_ARCHIVE in" \
+             "$GUIDE_SITE_FILE (python -m guide_utils prepare-imagenet makes one), or set it empty for the smoke profile"
+    elif [[ $profile == full && -z $GUIDE_DATASET_ARCHIVE && -z $data ]]; then
+        echo "the full profile trains on ImageNet and this job would get no dataset: set GUIDE_DATASET_ARCHIVE" \
+             "in $GUIDE_SITE_FILE (python -m guide_utils prepare-imagenet makes one), or pass -- --data DIR," \
+             "or -- --data synthetic (random images: speed only), or -- --profile smoke"
+    else
+        return 1
+    fi
+}
+
 guide_hold_scratch() {
     GUIDE_HOLD_FOLDER=$1
     # (GUIDE_SCRATCH_HOLDER: the mark by which lib/signal_node.sh never signals the holder)
