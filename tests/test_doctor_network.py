@@ -196,3 +196,21 @@ def test_the_doctor_says_when_a_slingshot_node_has_no_plugin(tmp_path):
     assert diagnose(bound).warnings == [] and bound.ofi_plugin == "/opt/ofi/libnccl-net.so"
     assert diagnose(gather({}, job=job, root=str(node))).warnings == []  # a CPU job uses no NCCL
     assert diagnose(gather(env, job=job, root=str(_node(tmp_path / "eth", "eth0")))).warnings == []
+
+
+def test_nccl_net_naming_ib_or_socket_asks_for_that_transport_not_for_a_plugin():
+    """NCCL_NET=IB or Socket (any case) names NCCL's own transports: a site that sets Socket on
+    an Ethernet cluster gets no PROBLEM for sockets; any other value names a plugin. A probe
+    that fails says what fits the value: InfiniBand's libraries for IB, the plugin otherwise."""
+    for value in ("Socket", "socket", "IB", "ib"):
+        assert not expects_plugin({"NCCL_NET": value}), value
+    assert expects_plugin({"NCCL_NET": "OFI"}) and expects_plugin({"NCCL_NET": "AWS Libfabric"})
+    assert network_problems(nccl_network(LOGS["2.21 sockets"]), {"NCCL_NET": "Socket"}) == []
+    forced = (RECORDED / "2.28.9-h100-nccl-net-forced.log").read_text()
+    _, [ib] = judge_network(1, forced, {"NCCL_NET": "IB"})
+    assert "NCCL_NET='IB' NCCL stops when it cannot open InfiniBand" in ib and "libibverbs" in ib
+    assert "aws-ofi" not in ib
+    _, [plain] = judge_network(1, forced, {})
+    assert plain.startswith("one NCCL communicator failed (") and "aws-ofi" not in plain and "NCCL_DEBUG=INFO" in plain
+    _, [plugin] = judge_network(1, forced, {"NCCL_NET": "OFI"})
+    assert "NCCL_NET='OFI' NCCL stops when that plugin does not load" in plugin

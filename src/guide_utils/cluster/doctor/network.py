@@ -114,13 +114,25 @@ def nccl_network(log: str) -> dict[str, Any]:
     return found
 
 
+# NCCL_NET values that name NCCL's own transports (NCCL matches them without regard to case):
+# a site that sets one asks for that transport, not for a plugin.
+BUILT_IN_NETS = {"ib": "IB", "socket": "Socket"}
+
+
+def built_in_net(env: Mapping[str, str]) -> str | None:
+    """NCCL_NET's value where it names one of NCCL's own transports (IB, Socket), else None."""
+    return BUILT_IN_NETS.get(env.get("NCCL_NET", "").lower())  # NCCL compares with strcasecmp
+
+
 def expects_plugin(env: Mapping[str, str], node: str | None = None) -> str | None:
     """Why NCCL should use a network plugin here, or None: the node is on Slingshot (``node``,
-    what :func:`slingshot` found), or the site's settings say so (NCCL_NET or NCCL_NET_PLUGIN
-    named, libfabric's Slingshot (CXI) provider tuned, the hsn* interfaces given to NCCL)."""
+    what :func:`slingshot` found), or the site's settings say so (NCCL_NET naming a plugin
+    rather than IB or Socket, NCCL_NET_PLUGIN set, libfabric's Slingshot (CXI) provider tuned,
+    the hsn* interfaces given to NCCL)."""
     if node:
         return f"this node is on HPE Slingshot ({node}), which NCCL reaches only through the libfabric (OFI) plugin"
-    if (env.get("NCCL_NET") or env.get("NCCL_NET_PLUGIN") or any(k.startswith("FI_CXI_") for k in env)
+    plugin_named = bool(env.get("NCCL_NET")) and built_in_net(env) is None
+    if (plugin_named or env.get("NCCL_NET_PLUGIN") or any(k.startswith("FI_CXI_") for k in env)
             or env.get("NCCL_SOCKET_IFNAME", "").lstrip("=^").startswith("hsn")):
         return "this site's settings expect the libfabric (OFI) plugin"
     return None
@@ -176,10 +188,18 @@ def judge_network(returncode: int, log: str, env: Mapping[str, str], node: str |
     if returncode != 0:
         lines = [line.strip() for line in log.splitlines() if line.strip()]
         error = next((line for line in lines if " WARN " in line or "Error" in line), lines[-1] if lines else "")
-        return (f"network  {found['library'] or 'NCCL'} {found['version'] or '?'} did not start",
-                [f"one NCCL communicator failed ({error[-160:] or f'exit {returncode}'}); with NCCL_NET="
-                 f"{env.get('NCCL_NET', '')!r} NCCL stops when that plugin does not load: put the site's aws-ofi "
-                 f"plugin on LD_LIBRARY_PATH or load its module (NCCL_DEBUG=INFO shows where NCCL looked)"])
+        failed = f"one NCCL communicator failed ({error[-160:] or f'exit {returncode}'})"
+        net, built_in = env.get("NCCL_NET", ""), built_in_net(env)
+        if built_in == "IB":
+            fix = (f"with NCCL_NET={net!r} NCCL stops when it cannot open InfiniBand: give it libibverbs "
+                   f"(rdma-core) and /dev/infiniband (in an image: the host's, bound in by the site profile), or "
+                   f"leave NCCL_NET unset")
+        elif net and built_in is None:
+            fix = (f"with NCCL_NET={net!r} NCCL stops when that plugin does not load: put the site's aws-ofi "
+                   f"plugin on LD_LIBRARY_PATH or load its module (NCCL_DEBUG=INFO shows where NCCL looked)")
+        else:
+            fix = "NCCL_DEBUG=INFO (the probe's output above) shows the step that failed"
+        return f"network  {found['library'] or 'NCCL'} {found['version'] or '?'} did not start", [f"{failed}; {fix}"]
     plugin = found["plugin"] or ("none" if found["no_plugin"] else "?")
     ofi = f" ({found['ofi']})" if found["ofi"] else ""
     on = (f"; HPE Slingshot: {node}" if node else "") + (f"; InfiniBand: {ib}" if ib else "")
