@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from guide_utils.cluster.doctor import Facts, Job, diagnose, render
+from guide_utils.cluster.doctor.gpus import rocm_driver
 from guide_utils.runtime.slurm import SlurmJob
 
 HEALTHY_HOROVOD = {
@@ -160,6 +161,24 @@ def test_an_amd_node_needs_a_rocm_build():
     cuda_build = {"torch": "2.14.1", "torchvision": "0.29.1", "torch_cuda": "13.0", "gpus": []}
     d = diagnose(healthy(torch=cuda_build, gpu_env={"ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}))
     assert any("ROCm build of PyTorch" in p and "CUDA 13.0 build" in p for p in d.problems), d.problems
+
+
+def test_an_amd_node_is_known_by_its_driver_or_rocms_lists_not_by_the_first_variable(tmp_path):
+    """Slurm's GRES sets CUDA_VISIBLE_DEVICES on AMD nodes too, and the doctor quotes the first
+    variable that names a GPU: the fix comes from ROCm's own lists anywhere in the job's
+    variables, or from the node's ROCm driver (/dev/kfd), which gather() reads."""
+    cuda_build = {"torch": "2.14.1", "torchvision": "0.29.1", "torch_cuda": "13.0", "gpus": []}
+    both = {"CUDA_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "0,1"}
+    [problem] = diagnose(healthy(torch=cuda_build, gpu_env=both)).problems
+    assert "(CUDA_VISIBLE_DEVICES=0,1)" in problem and "install a ROCm build of PyTorch" in problem
+    counted = {"SLURM_GPUS_ON_NODE": "8"}  # no list at all: only the driver tells
+    assert "install a PyTorch built for these GPUs" in diagnose(healthy(torch=cuda_build, gpu_env=counted)).problems[0]
+    [problem] = diagnose(healthy(torch=cuda_build, gpu_env=counted, rocm_driver=True)).problems
+    assert "install a ROCm build of PyTorch" in problem
+    assert not rocm_driver(str(tmp_path))
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kfd").touch()
+    assert rocm_driver(str(tmp_path))
 
 
 def test_a_gpu_the_build_has_no_kernels_for_is_a_problem():

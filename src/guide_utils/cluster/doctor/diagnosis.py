@@ -33,10 +33,10 @@ def diagnose(facts: Facts) -> Diagnosis:
     problems: list[str] = []
     job, probed = facts.job, facts.job.probes()
     if "torch" in probed:
-        problems += _torch_problems(facts) + gpu_problems(facts.torch, facts.gpu_env)
+        problems += _torch_problems(facts) + gpu_problems(facts.torch, facts.gpu_env, facts.rocm_driver)
     if "tensorflow" in probed:
         tf_problems, tf_warnings = _tensorflow_findings(facts)
-        tf_problems += tensorflow_gpu_problems(facts.tensorflow, facts.gpu_env)
+        tf_problems += tensorflow_gpu_problems(facts.tensorflow, facts.gpu_env, facts.rocm_driver)
         # The whole guide runs without TensorFlow, less chapter 8: only then a warning.
         (warnings if job.whole_guide else problems).extend(tf_problems)
         warnings += tf_warnings

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from ...core.errors import GuideError
 from ...runtime.gpus import COUNTS, DEVICE_LISTS
 from ...runtime.slurm import SlurmJob
+from .gpus import rocm_driver
 from .network import ofi_plugin, slingshot
 from .probes import HOROVOD_BINDINGS, PROBES, merge_horovod, mpi_version, run_probes
 
@@ -99,6 +100,7 @@ class Facts:
     gpu_env: dict[str, str] = field(default_factory=dict)  # the variables that give this process GPUs
     slingshot: str | None = None  # what shows this node is on HPE Slingshot (probes.slingshot); None: not
     ofi_plugin: str | None = None  # the NCCL/RCCL OFI (libfabric) plugin NCCL would load; None: none found
+    rocm_driver: bool = False  # this node has ROCm's driver (gpus.rocm_driver): AMD GPUs, a ROCm build's fix
     job: Job = field(default_factory=Job)
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -118,7 +120,7 @@ def gather(env: Mapping[str, str] | None = None, loader_workers: int = DEFAULT_L
     gpu_vars = (*DEVICE_LISTS, *COUNTS)
     facts = Facts(loader_workers=loader_workers, omp_num_threads=env.get("OMP_NUM_THREADS"), job=job,
                   gpu_env={k: env[k] for k in gpu_vars if k in env}, slingshot=slingshot(root),
-                  ofi_plugin=ofi_plugin(env, root))
+                  ofi_plugin=ofi_plugin(env, root), rocm_driver=rocm_driver(root))
     results = run_probes(job.probes())
     merge_horovod(results)
     for name, (result, error) in results.items():

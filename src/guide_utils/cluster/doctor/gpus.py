@@ -24,11 +24,25 @@ CUDA build needs a driver that supports its CUDA major version.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
-from ...runtime.gpus import VISIBLE, allocated
+from ...runtime.gpus import NO_DEVICES, VISIBLE, allocated
 
 AMD = VISIBLE[1:]
+
+
+def rocm_driver(root: str = "/") -> bool:
+    """Whether this node has ROCm's compute driver (/dev/kfd under ``root``): AMD GPUs."""
+    return os.path.exists(os.path.join(root, "dev/kfd"))
+
+
+def amd_gpus(env: Mapping[str, str], driver: bool = False) -> bool:
+    """Whether the job's GPUs are AMD's: the node has ROCm's driver (``driver``:
+    :func:`rocm_driver`), or ROCm's own device lists give this process GPUs (Slurm's GRES sets
+    them on AMD nodes beside CUDA_VISIBLE_DEVICES). Not the first variable that names a GPU:
+    on an AMD node that is often CUDA_VISIBLE_DEVICES."""
+    return driver or any(env.get(name, "").strip() not in NO_DEVICES for name in AMD)
 WHERE = "the Slurm chapter's 'Which PyTorch for which GPU'"
 TF_WHERE = "docs/usage.md, 'Running on a real cluster'"
 
@@ -87,8 +101,9 @@ def _rocm_and_driver_problems(torch: dict[str, Any]) -> list[str]:
     return problems
 
 
-def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str]) -> list[str]:
-    """Problems: GPUs in the allocation that this PyTorch (the torch probe's facts) cannot use."""
+def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str], driver: bool = False) -> list[str]:
+    """Problems: GPUs in the allocation that this PyTorch (the torch probe's facts) cannot use;
+    ``driver``: the node has ROCm's driver (:func:`rocm_driver`)."""
     if torch is None:
         return []
     problems = []
@@ -96,7 +111,7 @@ def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str]) -> list[s
     if given and not torch.get("gpus"):
         build = (f"ROCm {torch['torch_hip']}" if torch.get("torch_hip") else
                  f"CUDA {torch['torch_cuda']}" if torch.get("torch_cuda") else "CPU-only")
-        wanted = "a ROCm build of PyTorch" if given.split("=")[0] in AMD else "a PyTorch built for these GPUs"
+        wanted = "a ROCm build of PyTorch" if amd_gpus(env, driver) else "a PyTorch built for these GPUs"
         problems.append(f"the job has GPUs ({given}) but this PyTorch {torch['torch']} ({build} build) sees none, so "
                         f"it would train on the CPU; install {wanted} or load the site's PyTorch module ({WHERE})")
     arch = torch.get("arch_list") or []
@@ -109,7 +124,7 @@ def gpu_problems(torch: dict[str, Any] | None, env: Mapping[str, str]) -> list[s
     return problems + _rocm_and_driver_problems(torch)
 
 
-def tensorflow_gpu_problems(tf: dict[str, Any] | None, env: Mapping[str, str]) -> list[str]:
+def tensorflow_gpu_problems(tf: dict[str, Any] | None, env: Mapping[str, str], driver: bool = False) -> list[str]:
     """Problems: GPUs in the allocation that this TensorFlow (the tensorflow probe's facts) does
     not see. The guide's lock pins tensorflow-cpu (the laptop and CI set-up), which sees none
     anywhere: on a GPU job it would train on the CPU, with the RING collective under MWMS."""
@@ -117,7 +132,7 @@ def tensorflow_gpu_problems(tf: dict[str, Any] | None, env: Mapping[str, str]) -
     if tf is None or not given or tf.get("gpus"):
         return []
     build = tf.get("build") or "unknown"
-    wanted = ("a ROCm build of TensorFlow 2.15 (AMD's tensorflow-rocm)" if given.split("=")[0] in AMD else
+    wanted = ("a ROCm build of TensorFlow 2.15 (AMD's tensorflow-rocm)" if amd_gpus(env, driver) else
               "tensorflow==2.15.1 (the GPU wheel; its [and-cuda] extra brings CUDA) instead of tensorflow-cpu")
     return [f"the job has GPUs ({given}) but this TensorFlow {tf['tensorflow']} ({build} build) sees none, so it "
             f"would train on the CPU; install {wanted} or load the site's TensorFlow module ({TF_WHERE})"]
