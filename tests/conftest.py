@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import shutil
 import signal
@@ -143,7 +144,8 @@ def _start_book() -> None:
     _BOOK["started"] = time.time()
     # The exit status goes to a file only after the build has ended: what the workers wait for.
     _BOOK["proc"] = subprocess.Popen(
-        ["sh", "-c", '"$@" >"$0/build.log" 2>&1; echo $? >"$0/status.tmp"; mv "$0/status.tmp" "$0/status"',
+        ["sh", "-c", '"$@" >"$0/build.log" 2>&1; s=$?; times >"$0/times"; echo $s >"$0/status.tmp"; '
+                     'mv "$0/status.tmp" "$0/status"',
          str(out), sys.executable, str(REPO / "scripts" / "book.py"), "--path-output", str(out),
          "--timeout", str(BOOK_CELL_TIMEOUT)],
         start_new_session=True)
@@ -186,6 +188,16 @@ def pytest_xdist_make_scheduler(config, log):
     return ByModule(config, log)
 
 
+def _children_cpu(path: Path) -> float | None:
+    """User and system CPU-seconds of the processes a shell waited for, from its ``times``
+    output ("0m0.01s 0m0.00s" for the shell, then the same for its children); None if absent."""
+    try:
+        lines = path.read_text().splitlines()
+        return sum(int(m) * 60 + float(sec) for m, sec in re.findall(r"(\d+)m([\d.]+)s", lines[1]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not _controller(session.config) or "out" not in _BOOK:
         return
@@ -198,6 +210,8 @@ def pytest_sessionfinish(session, exitstatus):
     if status.exists():  # when the book, beside the tests, was ready (the folder goes below)
         _BOOK["built"] = status.stat().st_mtime
         _BOOK["took"] = f"{_BOOK['built'] - _BOOK['started']:.0f} s, exit status {status.read_text().strip()}"
+        cpu = _children_cpu(_BOOK["out"] / "times")
+        _BOOK["took"] += f", {cpu:,.0f} CPU-s" if cpu is not None else ""
     if exitstatus == 0 or proc is None:
         shutil.rmtree(_BOOK["out"], ignore_errors=True)
 
