@@ -81,6 +81,16 @@ def oom_kills(vmstat: str | None = None) -> int:
     raise ValueError("no oom_kill line (a kernel before 4.13?)")
 
 
+def oom_lines(count: int = 3) -> list[str]:
+    """The kernel log's last ``count`` lines about out-of-memory kills ("Out of memory: Killed
+    process PID (NAME) ..."), which name the process; [] where the log cannot be read."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if "Killed process" in line][-count:]
+
+
 def step_ms(timeout: float = 120) -> str:
     """The median CPU time of the reference step in a fresh process, as text ("41.2 ms"),
     or why it could not be measured; never raises."""

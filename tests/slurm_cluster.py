@@ -115,8 +115,11 @@ class SlurmCluster:
         if now is None or self._oom_at_start is None:
             return ""
         used, total = host_speed.memory_in_use()
-        return (f"\n(this machine: {now - self._oom_at_start} process(es) killed by the kernel for want of memory "
-                f"since this test Slurm was made; {used:.1f} of {total:.1f} GiB in use now)")
+        killed = now - self._oom_at_start
+        lines = host_speed.oom_lines() if killed else []
+        said = "; the kernel's log: " + " | ".join(lines) if lines else ""
+        return (f"\n(this machine: {killed} process(es) killed by the kernel for want of memory since this test "
+                f"Slurm was made; {used:.1f} of {total:.1f} GiB in use now{said})")
 
     # -- start / stop ---------------------------------------------------------------------
     def start(self) -> "SlurmCluster":

@@ -39,3 +39,10 @@ def test_memory_in_use_is_total_less_available_and_oom_kills_are_read():
     assert host_speed.oom_kills() >= 0
     with pytest.raises(ValueError, match="no oom_kill line"):
         host_speed.oom_kills("pgfault 12\n")
+
+
+def test_the_kernels_oom_lines_are_a_list_even_where_the_log_cannot_be_read(monkeypatch):
+    lines = host_speed.oom_lines()
+    assert isinstance(lines, list) and all("Killed process" in line for line in lines)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no dmesg at all
+    assert host_speed.oom_lines() == []
