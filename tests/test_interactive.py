@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -801,6 +802,28 @@ class _Kernel:
             if msg["parent_header"].get("msg_id") == msg_id:
                 return msg
 
+    def reply_or_fail(self, msg_id: str, cluster_id: str, timeout: float) -> dict:
+        """The reply to ``msg_id`` within ``timeout`` s, or a failure that says what the kernel
+        printed meanwhile and which of the cluster's processes are left. A bound for a hang,
+        not for speed: stopping a cluster takes seconds alone and minutes on a machine whose
+        other worker runs a test Slurm's tens of trainings (120 s was once not enough)."""
+        import queue
+
+        end, printed = time.monotonic() + timeout, []
+        while time.monotonic() < end:
+            with contextlib.suppress(queue.Empty):
+                msg = self.kc.get_shell_msg(timeout=1)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return msg
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    msg = self.kc.get_iopub_msg(timeout=0)
+                    if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("stream", "error"):
+                        printed.append(msg["content"].get("text") or msg["content"].get("ename", ""))
+        left = [" ".join(p.cmdline()[:3]) for p in watchdog.processes_of(cluster_id)]
+        pytest.fail(f"no reply {timeout:g} s after the interrupt; the kernel printed since: "
+                    f"{''.join(printed)[-1500:]!r}; the cluster's processes left: {left}")
+
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
@@ -846,7 +869,7 @@ def test_an_interrupted_cell_and_a_restarted_kernel_leave_no_engine(tmp_path):
                 text += msg["content"]["text"]
         cluster_id = text.split("cluster ", 1)[1].split()[0]
         kernel.km.interrupt_kernel()
-        reply = kernel.reply(msg_id)
+        reply = kernel.reply_or_fail(msg_id, cluster_id, timeout=300)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         _nothing_left(cluster_id, [])
 
