@@ -69,7 +69,7 @@ def memory_in_use(meminfo: str | None = None) -> tuple[float, float]:
 def oom_kills(vmstat: str | None = None) -> int:
     """How many processes the kernel's out-of-memory killer has killed since boot (the
     ``oom_kill`` line of /proc/vmstat, or of ``vmstat``). A test job whose task dies with
-    SIGKILL (exit 137) and nothing else to say was often one of them: the count, compared
+    SIGKILL (exit 137) and nothing else to say may have been one of them: the count, compared
     before and after, tells."""
     if vmstat is None:
         with open("/proc/vmstat") as f:

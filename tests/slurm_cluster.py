@@ -110,7 +110,7 @@ class SlurmCluster:
 
     def memory_note(self) -> str:
         """What a failed job's message adds: the kernel's OOM kills since the cluster was made
-        (a task that died with SIGKILL and said nothing was often one), and memory in use now."""
+        (a task that died with SIGKILL and said nothing may have been one), and memory in use now."""
         now = _oom_kills()
         if now is None or self._oom_at_start is None:
             return ""

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from guide_utils.cluster.doctor import Facts, Job, diagnose, render
-from guide_utils.cluster.doctor.gpus import rocm_driver
+from guide_utils.runtime.gpus import rocm_driver
 from guide_utils.runtime.slurm import SlurmJob
 
 HEALTHY_HOROVOD = {

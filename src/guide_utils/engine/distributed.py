@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import GuideError
-from ..runtime.gpus import VISIBLE, allocated, device_index
+from ..runtime.gpus import GPU_DRIVERS, VISIBLE, allocated, device_index
 from ..runtime import launchers
 from . import hvd_wait
 
@@ -180,10 +180,6 @@ def _pick_device(local_rank: int):
         return torch.device("cuda", index)
     refuse_cpu_on_gpus(os.environ, torch.__version__, torch.version)
     return torch.device("cpu")
-
-
-# What a node with GPUs has loaded: NVIDIA's kernel driver, AMD's compute device.
-GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/kfd")
 
 
 def refuse_cpu_on_gpus(env, torch_version: str, version) -> None:

@@ -35,11 +35,21 @@ True
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Mapping
 
 # Device lists, in the order the first one set wins (CUDA's is also what HIP reads).
 VISIBLE = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+# What a node with GPUs has loaded: NVIDIA's kernel driver, AMD's (ROCm's) compute device.
+ROCM_DRIVER = "dev/kfd"
+GPU_DRIVERS = ("/proc/driver/nvidia", "/" + ROCM_DRIVER)
+
+
+def rocm_driver(root: str = "/") -> bool:
+    """Whether this node has ROCm's compute driver (/dev/kfd under ``root``): AMD GPUs."""
+    return os.path.exists(os.path.join(root, ROCM_DRIVER))
+
 # Values that hide every GPU: Slurm writes NoDevFiles for a step without GPUs; CUDA stops at -1.
 NO_DEVICES = ("", "-1", "NoDevFiles")
 # Variables that give a process GPUs: device lists (launchers and Slurm's GRES plugin set

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ...core.errors import GuideError
-from ...runtime.gpus import COUNTS, DEVICE_LISTS
+from ...runtime.gpus import COUNTS, DEVICE_LISTS, rocm_driver
 from ...runtime.slurm import SlurmJob
-from .gpus import rocm_driver
 from .network import ofi_plugin, slingshot
 from .probes import HOROVOD_BINDINGS, PROBES, merge_horovod, mpi_version, run_probes
 

@@ -24,17 +24,11 @@ CUDA build needs a driver that supports its CUDA major version.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping
 
 from ...runtime.gpus import NO_DEVICES, VISIBLE, allocated
 
 AMD = VISIBLE[1:]
-
-
-def rocm_driver(root: str = "/") -> bool:
-    """Whether this node has ROCm's compute driver (/dev/kfd under ``root``): AMD GPUs."""
-    return os.path.exists(os.path.join(root, "dev/kfd"))
 
 
 def amd_gpus(env: Mapping[str, str], driver: bool = False) -> bool:
